@@ -1,0 +1,1 @@
+"""nemo-azr-launch: SLURM launcher (see issue on SLURM launching)."""

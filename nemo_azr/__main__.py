@@ -1,0 +1,5 @@
+import sys
+
+from nemo_azr.cli import main
+
+sys.exit(main())

@@ -1,0 +1,77 @@
+"""``nemo-azr`` command line: ``train``, ``make-tiny-model``, ``show-config``.
+
+Everything after the sub-command is a Hydra override (``trainer.max_steps=50 algorithm=rloo``).
+User-facing problems print one ``nemo-azr: error: ...`` line and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nemo_azr.errors import NemoAzrError
+
+EXIT_USAGE = 2
+
+
+def _train(overrides: list[str]) -> int:
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.trainer.preemption import EXIT_PREEMPTED
+    from nemo_azr.trainer.trainer import Trainer
+
+    cfg = load_config(overrides)
+    result = Trainer(cfg).fit()
+    summary = ", ".join(
+        f"{k}={result.last_metrics[k]:.4g}" for k in ("reward/mean", "actor/pg_loss") if k in result.last_metrics
+    )
+    print(f"{result.status} at step {result.step}; {summary}; checkpoint: {result.checkpoint}")
+    return EXIT_PREEMPTED if result.status == "preempted" else 0
+
+
+def _show_config(overrides: list[str]) -> int:
+    from nemo_azr.config.loader import load_config, to_yaml
+
+    print(to_yaml(load_config(overrides)), end="")
+    return 0
+
+
+def _make_tiny_model(overrides: list[str]) -> int:
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.models.tiny import ensure_tiny_model
+
+    cfg = load_config(overrides)
+    print(ensure_tiny_model(cfg.model.tiny))
+    return 0
+
+
+COMMANDS = {
+    "train": (_train, "run RL training (default: tiny model, arithmetic, CPU)"),
+    "show-config": (_show_config, "print the composed, validated config"),
+    "make-tiny-model": (_make_tiny_model, "build (or find) the cached tiny model + tokenizer, print its folder"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="nemo-azr",
+        description="RL trainer for LLMs. Arguments after the command are Hydra overrides, "
+        "e.g. `nemo-azr train algorithm=rloo trainer.max_steps=50`.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_fn, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
+    args = parser.parse_args(argv)
+    fn = COMMANDS[args.command][0]
+    try:
+        return fn(args.overrides)
+    except NemoAzrError as exc:
+        print(f"nemo-azr: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("nemo-azr: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Compose the Hydra config, turn every config problem into one clear line, validate semantics.
+
+We use Hydra's compose API (not ``@hydra.main``) so the CLI owns error reporting: a wrong key,
+a wrong type or an unknown group option becomes a :class:`ConfigError` with a one-line message
+instead of Hydra's multi-line report.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.errors import ConfigError
+
+SCHEMA_NAME = "nemo_azr_schema"
+DEFAULT_CONFIG_NAME = "config"
+_MAX_PARTS = 2  # the outer message says where, the first cause says what; deeper ones repeat them
+
+
+def config_dir() -> Path:
+    """The ``conf/`` folder (top level of the repo; shipped inside the package as ``nemo_azr/conf``)."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "conf", here.parent / "conf"):
+        if (candidate / f"{DEFAULT_CONFIG_NAME}.yaml").is_file():
+            return candidate
+    raise ConfigError(f"cannot find the conf/ folder next to {here}; reinstall the package")
+
+
+def _register_schema() -> None:
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=NemoAzrConfig)
+
+
+def _one_line(exc: BaseException) -> str:
+    """Hydra/OmegaConf errors span several lines and nest causes; keep the informative parts."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        text = re.sub(r"\s*(Set the environment variable HYDRA_FULL_ERROR=1|Config search path:).*", "", text)
+        text = re.sub(r"\s*reference_type=\S+", "", text)
+        if text and "$VALUE" not in text and not any(text in p for p in parts):
+            parts.append(text)
+        exc = exc.__cause__ or exc.__context__
+    return " | ".join(parts[:_MAX_PARTS]) or "invalid configuration"
+
+
+def compose_config(
+    overrides: list[str] | None = None, *, config_name: str = DEFAULT_CONFIG_NAME
+) -> DictConfig:
+    """The composed (still structured) config for ``overrides`` like ``["trainer.max_steps=5"]``."""
+    _register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base=None):
+            cfg = compose(config_name=config_name, overrides=list(overrides or []))
+    except ConfigError:
+        raise
+    except Exception as exc:  # Hydra raises many types; all mean "bad config"
+        raise ConfigError(_one_line(exc)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    return cfg
+
+
+def load_config(overrides: list[str] | None = None, *, config_name: str = DEFAULT_CONFIG_NAME) -> NemoAzrConfig:
+    """Compose, convert to the dataclass tree, and validate. Raises ConfigError on any problem."""
+    composed = compose_config(overrides, config_name=config_name)
+    try:
+        cfg = OmegaConf.to_object(composed)
+    except Exception as exc:
+        raise ConfigError(_one_line(exc)) from None
+    from nemo_azr.config.validate import validate_config
+
+    validate_config(cfg)
+    return cfg
+
+
+def to_yaml(cfg: NemoAzrConfig | DictConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg) if not isinstance(cfg, DictConfig) else cfg)
+
+
+def config_from_yaml(text: str) -> NemoAzrConfig:
+    """Rebuild a config saved with :func:`to_yaml` (checkpoints store the resolved config)."""
+    base = OmegaConf.structured(NemoAzrConfig)
+    try:
+        merged = OmegaConf.merge(base, OmegaConf.create(text))
+        return OmegaConf.to_object(merged)
+    except Exception as exc:
+        raise ConfigError(_one_line(exc)) from None

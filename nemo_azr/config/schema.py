@@ -1,0 +1,166 @@
+"""Structured (dataclass) schemas for every config group.
+
+Hydra merges the YAML files in ``conf/`` onto these, so a misspelt key or a value of the wrong type
+fails at start. Every field is documented in ``docs/config.md``; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TinyModelConfig:
+    """The built-in tiny model, made locally (no hub) on first use and cached on disk."""
+
+    family: str = "llama"  # llama | qwen2
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 256
+    vocab_size: int = 0  # 0: the tokenizer's size; larger pads the vocabulary (memory benchmarks)
+    max_position_embeddings: int = 512
+    tie_word_embeddings: bool = True
+    seed: int = 0
+    cache_dir: str = ""  # "" -> $NEMO_AZR_CACHE or ~/.cache/nemo_azr
+
+
+@dataclass
+class ModelConfig:
+    backend: str = "hf"  # policy backend (registry POLICY_BACKENDS)
+    path: str = "tiny"  # a local HF model folder, or "tiny" for the built-in tiny model
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (memory O(chunk x V))
+    gradient_checkpointing: bool = False
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+
+
+@dataclass
+class GenerationConfig:
+    backend: str = "hf"  # generation backend (registry GENERATION_BACKENDS)
+    n_samples: int = 8  # samples per prompt (the group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables
+    max_new_tokens: int = 8
+    stop_strings: list[str] = field(default_factory=list)
+    max_batch_size: int = 0  # sequences per generate call; 0 = all at once
+
+
+@dataclass
+class KLConfig:
+    coef: float = 0.0  # 0 disables the KL term and the reference policy
+    estimator: str = "k3"  # k1 | k2 | k3
+    mode: str = "loss"  # loss: added to the policy loss | reward: subtracted from token rewards
+
+
+@dataclass
+class AlgorithmConfig:
+    estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | remax
+    loss: str = "ppo_clip"  # ppo_clip | gspo
+    loss_agg_mode: str = "token-mean"
+    norm_by_std: bool = True  # grpo: divide by the group std
+    eps: float = 1e-6  # added to std before dividing
+    gamma: float = 1.0  # discount for token-level returns (reinforce_plus_plus)
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    dual_clip: bool = True
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages (> 1)
+    loss_eta: float = 0.0  # added to the token count of token-mean: sum(l*m)/(sum(m)+eta)
+    norm_length: int = 0  # seq-mean-token-sum-norm divisor; 0 -> generation.max_new_tokens
+    entropy_coef: float = 0.0
+    kl: KLConfig = field(default_factory=KLConfig)
+    ppo_epochs: int = 1
+    mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole batch
+    micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation inside)
+    use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
+    shuffle_mini_batches: bool = True
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 disables
+    warmup_steps: int = 0  # linear LR warm-up (optimizer steps)
+    schedule: str = "constant"  # constant | linear | cosine (after warm-up)
+    min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
+    total_steps: int = 0  # decay horizon in optimizer steps; 0 -> derived from trainer.max_steps
+
+
+@dataclass
+class ArithmeticTaskConfig:
+    min_operand: int = 0
+    max_operand: int = 9
+    operations: list[str] = field(default_factory=lambda: ["+"])
+    num_problems: int = 0  # 0: every (a, op, b) combination in range
+
+
+@dataclass
+class DataConfig:
+    task: str = "arithmetic"  # registry TASKS: arithmetic | jsonl
+    path: str = ""  # JSONL file for task=jsonl (fields: question, answer)
+    prompts_per_step: int = 8
+    shuffle: bool = True
+    system_prompt: str = ""
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+
+
+@dataclass
+class SFTWarmupConfig:
+    """Supervised warm-up on the task's reference answers before RL (0 steps disables)."""
+
+    steps: int = 0
+    batch_size: int = 32
+    lr: float = 3e-3
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 100
+    output_dir: str = "outputs/default"
+    save_interval: int = 0  # checkpoint every N steps; 0: only at the end
+    keep_last: int = 2  # complete checkpoints kept; 0 keeps all
+    resume: str = "auto"  # auto: newest complete checkpoint in output_dir | never | a step_N path
+    device: str = "cpu"  # cpu | cuda | auto
+    num_threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    deterministic: bool = True
+    max_skipped_steps: int = 3  # consecutive steps skipped for bad rewards before stopping
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = True
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "nemo_azr"
+    entity: str = ""
+    name: str = ""
+    dir: str = ""  # "" -> <output_dir>
+
+
+@dataclass
+class LoggerConfig:
+    console: bool = True  # progress bar + a metrics line every console_interval steps
+    console_interval: int = 10
+    jsonl: bool = True  # <output_dir>/metrics.jsonl
+    tensorboard: bool = False
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class NemoAzrConfig:
+    experiment_name: str = "default"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form, for user plug-ins

@@ -1,0 +1,209 @@
+"""``hf`` policy backend: a transformers causal LM trained with the registered policy losses.
+
+Log-probs never materialise ``[B, T, V]``: the decoder's hidden states of the positions that
+predict a loss-masked token are gathered and fed with the output-layer weight to
+:func:`nemo_azr.kernels.linear_token_logprobs`, which walks token chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model
+from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from nemo_azr.algorithms.objective import policy_objective
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts import Batch
+from nemo_azr.contracts import fields as F
+from nemo_azr.errors import CheckpointError, ConfigError
+from nemo_azr.kernels import linear_token_logprobs
+from nemo_azr.models.optim import build_optimizer
+from nemo_azr.registry import POLICY_BACKENDS
+
+hf_logging.disable_progress_bar()
+
+#: Config attributes that change logits beyond ``hidden @ W.T`` (unsupported by the fused path).
+_UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "logit_scale")
+#: Metrics that are sums over micro-batches (already normalised globally); the rest are token-weighted means.
+_SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
+
+
+def _check_supported(model: torch.nn.Module) -> None:
+    for attr in _UNSUPPORTED_LOGIT_TRANSFORMS:
+        if getattr(model.config, attr, None):
+            raise ConfigError(
+                f"model config sets {attr}={getattr(model.config, attr)}; the chunked log-prob path "
+                "computes hidden @ W.T only, so this model family is not supported"
+            )
+    head = model.get_output_embeddings()
+    if head is None or getattr(head, "bias", None) is not None:
+        raise ConfigError("the model's output layer must be a bias-free Linear (Llama/Qwen2 style)")
+
+
+@POLICY_BACKENDS.register("hf")
+class HFPolicy:
+    """Trainable (actor) or frozen (reference) transformers causal LM."""
+
+    def __init__(self, model_path: str | Path, cfg: NemoAzrConfig, *, trainable: bool = True,
+                 device: str | torch.device = "cpu") -> None:
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=getattr(torch, cfg.model.dtype))
+        _check_supported(self.model)
+        self.model.to(self.device)
+        self.trainable = trainable
+        self.temperature = cfg.generation.temperature
+        self.chunk_size = cfg.model.logprob_chunk_size
+        if trainable:
+            self.model.train()
+            if cfg.model.gradient_checkpointing:
+                self.model.gradient_checkpointing_enable()
+        else:
+            self.model.eval()
+            for p in self.model.parameters():
+                p.requires_grad_(False)
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler = None
+
+    # --- optimisation set-up ----------------------------------------------------------------------
+    def setup_optimizer(self, total_steps: int) -> None:
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), self.cfg.optim, total_steps=total_steps
+        )
+
+    # --- log-probs -------------------------------------------------------------------------------
+    def token_logprobs(self, batch: Batch, *, mask_key: str = F.LOSS_MASK) -> torch.Tensor:
+        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere)."""
+        ids = batch[F.INPUT_IDS].to(self.device)
+        attn = batch[F.ATTENTION_MASK].to(self.device)
+        pos = batch.get(F.POSITION_IDS)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(self.device)
+        decoder = getattr(self.model, self.model.base_model_prefix)
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+        # Token t is predicted from position t-1, so only positions before a trained token matter.
+        target = batch[mask_key].to(self.device)[:, 1:] > 0
+        lp = linear_token_logprobs(
+            hidden[:, :-1][target],
+            self.model.get_output_embeddings().weight,
+            ids[:, 1:][target],
+            temperature=self.temperature,
+            chunk_size=self.chunk_size,
+        )
+        out = torch.zeros(target.shape, dtype=torch.float32, device=self.device).masked_scatter(target, lp)
+        return torch.nn.functional.pad(out, (1, 0))
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
+        was_training = self.model.training
+        self.model.eval()
+        parts = [self.token_logprobs(mb) for mb in batch.split(self.cfg.algorithm.micro_batch_size)]
+        self.model.train(was_training)
+        width = batch.seq_len
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
+
+    # --- RL update -------------------------------------------------------------------------------
+    def update(self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None) -> dict[str, float]:
+        """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
+        if self.optimizer is None:
+            raise RuntimeError("setup_optimizer() must be called before update()")
+        alg = self.cfg.algorithm
+        rows = len(batch)
+        mini = alg.mini_batch_size or rows
+        sums: dict[str, float] = defaultdict(float)
+        n_steps = 0
+        skipped = 0
+        for _ in range(alg.ppo_epochs):
+            order = torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
+            for rows_idx in order.split(mini):
+                mb = batch.index(rows_idx)
+                n_tok = float(mb[F.LOSS_MASK].sum())
+                if n_tok == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                step_metrics: dict[str, float] = defaultdict(float)
+                for micro in mb.split(alg.micro_batch_size):
+                    weight = float(micro[F.LOSS_MASK].sum()) / n_tok
+                    loss, m = policy_objective(
+                        logprobs=self.token_logprobs(micro),
+                        old_logprobs=micro[F.OLD_LOGPROBS].to(self.device),
+                        advantages=micro[F.ADVANTAGES].to(self.device),
+                        loss_mask=micro[F.LOSS_MASK].to(self.device),
+                        cfg=alg,
+                        ref_logprobs=micro.get(F.REF_LOGPROBS),
+                        num_tokens=n_tok,
+                        num_seqs=len(mb),
+                        norm_length=norm_length,
+                    )
+                    loss.backward()
+                    step_metrics["actor/loss"] += float(loss.detach())
+                    for k, v in m.items():
+                        step_metrics[k] += float(v) if k in _SUMMED_METRICS else float(v) * weight
+                grad_norm = self._clip_and_step()
+                step_metrics["actor/grad_norm"] = grad_norm
+                if not math.isfinite(grad_norm):
+                    skipped += 1
+                for k, v in step_metrics.items():
+                    sums[k] += v
+                n_steps += 1
+        out = {k: v / max(1, n_steps) for k, v in sums.items()}
+        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        out["actor/optimizer_steps"] = float(n_steps - skipped)
+        out["actor/skipped_nonfinite_grad"] = float(skipped)
+        return out
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        # A non-finite gradient would poison the weights: drop it (counted by the caller).
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm
+
+    # --- supervised warm-up ----------------------------------------------------------------------
+    def sft_step(self, batch: Batch, optimizer: torch.optim.Optimizer) -> float:
+        """One step of mean token NLL over ``loss_mask`` (supervised warm-up)."""
+        optimizer.zero_grad(set_to_none=True)
+        lp = self.token_logprobs(batch)
+        mask = batch[F.LOSS_MASK].to(self.device)
+        loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
+        loss.backward()
+        if self.cfg.optim.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    # --- checkpoint ------------------------------------------------------------------------------
+    def save(self, folder: Path, *, tokenizer=None) -> None:
+        self.model.save_pretrained(folder / "model")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder / "model")
+        if self.optimizer is not None:
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                folder / "optimizer.pt",
+            )
+
+    def load(self, folder: Path) -> None:
+        weights = folder / "model" / "model.safetensors"
+        if not weights.is_file():
+            raise CheckpointError(f"{folder} has no model/model.safetensors")
+        try:
+            load_model(self.model, str(weights), strict=True, device=str(self.device))
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"checkpoint {folder} does not fit this model (another model shape?): {str(exc).splitlines()[0]}"
+            ) from None
+        if self.optimizer is not None:
+            state = torch.load(folder / "optimizer.pt", weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])

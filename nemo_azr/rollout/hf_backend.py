@@ -1,0 +1,145 @@
+"""``hf`` generation backend: batched sampling with a transformers causal LM and a KV cache.
+
+Written as a small decode loop instead of ``model.generate`` because RL needs the log-prob of each
+sampled token under the temperature-scaled policy; ``generate(output_logits=True)`` would keep a
+``[B, steps, V]`` tensor (hundreds of MB at a 150k vocabulary) just to read one column per step.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from nemo_azr.registry import GENERATION_BACKENDS
+from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask logits[B, V] outside the top-k / nucleus set with -inf (sampling only)."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = cum - sorted_logits.softmax(-1) > top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@GENERATION_BACKENDS.register("hf")
+class HFGenerationBackend:
+    """Owns its own copy of the model (like a separate inference engine); ``sync_weights`` refreshes it."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 0) -> None:
+        self.model = copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.max_batch_size = max_batch_size
+        self.version = 0
+
+    # --- capabilities ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def sync_weights(self, policy) -> None:
+        """Copy the trainable policy's weights in place and bump ``version``."""
+        src = policy.model if hasattr(policy, "model") else policy
+        self.model.load_state_dict(src.state_dict())
+        self.version += 1
+
+    def release(self) -> None:
+        """Nothing is cached between calls; present so callers can treat backends uniformly."""
+
+    def flush_cache(self) -> None:
+        """The KV cache lives only inside one ``generate`` call."""
+
+    # --- generation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        flat = [r for r in requests for _ in range(sampling.n)]
+        step = self.max_batch_size or len(flat)
+        samples: list[Sample] = []
+        for start in range(0, len(flat), step):
+            samples.extend(self._generate_chunk([r.prompt_ids for r in flat[start : start + step]], sampling))
+        outputs = []
+        for i, req in enumerate(requests):
+            chunk = samples[i * sampling.n : (i + 1) * sampling.n]
+            outputs.append(GenerationOutput(request=req, samples=chunk, policy_version=self.version))
+        return outputs
+
+    def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
+        device = next(self.model.parameters()).device
+        b = len(prompts)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((b, width), self.pad_id, dtype=torch.long, device=device)
+        attn = torch.zeros((b, width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):  # left padding: every prompt ends at the same column
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        past = out.past_key_values
+        next_pos = pos[:, -1:] + 1
+
+        tokens = torch.full((b, sp.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros((b, sp.max_new_tokens), dtype=torch.float32, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        reason = ["length"] * b
+        lengths = [sp.max_new_tokens] * b
+        for t in range(sp.max_new_tokens):
+            logits = out.logits[:, -1, :].float()
+            if sp.greedy:
+                tok = logits.argmax(-1)
+                logp = logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+            else:
+                scaled = logits / sp.temperature
+                tok = torch.multinomial(_filter_logits(scaled, sp.top_k, sp.top_p).softmax(-1), 1)[:, 0]
+                logp = scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+            tok = tok.masked_fill(done, self.pad_id)
+            tokens[:, t] = tok
+            logps[:, t] = logp.masked_fill(done, 0.0)
+            newly = (~done) & (tok == self.eos_id)
+            for i in newly.nonzero(as_tuple=True)[0].tolist():
+                reason[i], lengths[i] = "eos", t + 1
+            done |= newly
+            if sp.stop_strings:
+                for i in (~done).nonzero(as_tuple=True)[0].tolist():
+                    text = self.tokenizer.decode(tokens[i, : t + 1].tolist(), skip_special_tokens=True)
+                    if any(s in text for s in sp.stop_strings):
+                        reason[i], lengths[i] = "stop", t + 1
+                        done[i] = True
+            if bool(done.all()) or t + 1 == sp.max_new_tokens:
+                break
+            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=1)
+            out = self.model(
+                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=past, use_cache=True
+            )
+            past = out.past_key_values
+            next_pos = next_pos + 1
+
+        samples = []
+        for i in range(b):
+            n = lengths[i]
+            ids_i = tokens[i, :n].tolist()
+            text = self.tokenizer.decode(ids_i, skip_special_tokens=True)
+            samples.append(Sample(token_ids=ids_i, logprobs=logps[i, :n].tolist(), text=text, finish_reason=reason[i]))
+        return samples
+
+
+def sampling_from_config(gen_cfg, *, n: int | None = None, greedy: bool = False) -> SamplingParams:
+    return SamplingParams(
+        n=gen_cfg.n_samples if n is None else n,
+        temperature=gen_cfg.temperature,
+        top_p=gen_cfg.top_p,
+        top_k=gen_cfg.top_k,
+        max_new_tokens=gen_cfg.max_new_tokens,
+        stop_strings=tuple(gen_cfg.stop_strings),
+        greedy=greedy,
+    )
+
+
+__all__ = ["HFGenerationBackend", "sampling_from_config"]

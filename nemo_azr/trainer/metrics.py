@@ -1,0 +1,115 @@
+"""Per-step metrics sinks: console (progress bar + periodic line), JSONL file, W&B, TensorBoard.
+
+Metric names are ``/``-namespaced (``reward/mean``, ``actor/pg_loss``, ``timing/step_s``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from nemo_azr.config.schema import LoggerConfig
+
+CONSOLE_KEYS = ("reward/mean", "actor/pg_loss", "actor/grad_norm", "response/length_mean", "timing/step_s")
+METRICS_FILE = "metrics.jsonl"
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class MetricsLogger:
+    def __init__(self, cfg: LoggerConfig, output_dir: Path, *, run_config: dict, total_steps: int,
+                 start_step: int, run_name: str) -> None:
+        self.cfg = cfg
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl_path = self.output_dir / METRICS_FILE
+        if cfg.jsonl:
+            self._truncate_after(start_step)
+        self._bar = None
+        if cfg.console:
+            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True,
+                             file=sys.stderr, disable=None)
+        self._wandb = None
+        if cfg.wandb.enabled and cfg.wandb.mode != "disabled":
+            self._wandb = self._init_wandb(run_config, run_name)
+        self._tb = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
+
+    def _truncate_after(self, step: int) -> None:
+        """On resume, drop lines of steps after the checkpoint (they will be logged again)."""
+        if not self.jsonl_path.exists():
+            return
+        keep = []
+        for line in self.jsonl_path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", -1) < step:
+                    keep.append(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a crash
+        self.jsonl_path.write_text("".join(x + "\n" for x in keep))
+
+    def _init_wandb(self, run_config: dict, run_name: str):
+        import wandb
+
+        wcfg = self.cfg.wandb
+        id_file = self.output_dir / "wandb_run_id.txt"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        return wandb.init(
+            project=wcfg.project, entity=wcfg.entity or None, name=wcfg.name or run_name, id=run_id,
+            resume="allow", mode=wcfg.mode, dir=wcfg.dir or str(self.output_dir), config=run_config,
+        )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """``step`` is the 0-based index of the finished step."""
+        record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
+        if self.cfg.jsonl:
+            with open(self.jsonl_path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if self._tb is not None:
+            for k, v in metrics.items():
+                self._tb.add_scalar(k, v, step)
+        if self._bar is not None:
+            shown = {k.split("/")[-1] if k != "reward/mean" else "reward": f"{metrics[k]:.3g}"
+                     for k in CONSOLE_KEYS[:2] if k in metrics}
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(1)
+            if (step + 1) % self.cfg.console_interval == 0:
+                line = "  ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
+                self._bar.write(f"step {step + 1}: {line}", file=sys.stderr)
+
+    def message(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All records of a metrics.jsonl file (for tests, plots and reports)."""
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]

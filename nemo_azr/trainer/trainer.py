@@ -1,0 +1,289 @@
+"""The fit loop: rollout -> reward -> old/ref log-probs -> advantage -> update -> sync -> log -> checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+import nemo_azr.algorithms  # noqa: F401  (registers estimators and losses)
+import nemo_azr.rollout  # noqa: F401  (registers generation backends)
+from nemo_azr.algorithms.objective import apply_kl_reward_penalty
+from nemo_azr.config.loader import to_yaml
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts import Batch, validate_batch
+from nemo_azr.contracts import fields as F
+from nemo_azr.errors import CheckpointError, RewardError
+from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
+from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS
+from nemo_azr.rollout.hf_backend import sampling_from_config
+from nemo_azr.rollout.single_turn import SingleTurnWorkflow
+from nemo_azr.tasks import build_task
+from nemo_azr.tasks.dataloader import PromptLoader
+from nemo_azr.trainer.checkpoint import Checkpointer, checkpoint_step, resolve_resume
+from nemo_azr.trainer.metrics import MetricsLogger
+from nemo_azr.trainer.preemption import PreemptionFlag
+from nemo_azr.trainer.rewards import score_batch
+from nemo_azr.trainer.seeding import rng_state, seed_everything, set_rng_state, step_seed
+from nemo_azr.trainer.sft import run_sft_warmup
+
+CHECKPOINT_DIR = "checkpoints"
+_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+@dataclass
+class TrainerState:
+    step: int = 0  # steps completed
+    policy_version: int = 0
+    samples_seen: int = 0
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+    loader: dict = field(default_factory=dict)
+
+
+@dataclass
+class FitResult:
+    status: str  # "completed" | "preempted"
+    step: int
+    last_metrics: dict[str, float]
+    checkpoint: Path | None
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    def __init__(self, cfg: NemoAzrConfig) -> None:
+        self.cfg = cfg
+        tr = cfg.trainer
+        if tr.num_threads > 0:
+            torch.set_num_threads(tr.num_threads)
+        if tr.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        seed_everything(cfg.seed)
+        self.device = _device(tr.device)
+        self.output_dir = Path(tr.output_dir)
+        self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, keep_last=tr.keep_last)
+
+        self.model_path = resolve_model_path(cfg.model.path, cfg.model.tiny)
+        self.tokenizer = load_tokenizer(self.model_path)
+        self.task = build_task(cfg.data)
+        self.loader = PromptLoader(self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed)
+        self.workflow = SingleTurnWorkflow(self.task, self.tokenizer)
+        self.estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
+
+        policy_cls = POLICY_BACKENDS.get(cfg.model.backend)
+        self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
+        self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
+        self.ref = None
+        if cfg.algorithm.kl.coef > 0:  # frozen copy of the initial policy
+            self.ref = policy_cls(self.model_path, cfg, trainable=False, device=self.device)
+        self.backend = None
+        self.state = TrainerState()
+        self.sampling = sampling_from_config(cfg.generation)
+        self.norm_length = cfg.algorithm.norm_length or cfg.generation.max_new_tokens
+        self.preemption = PreemptionFlag()
+
+    def _optimizer_steps_total(self) -> int:
+        alg = self.cfg.algorithm
+        rows = self.cfg.data.prompts_per_step * self.cfg.generation.n_samples
+        per_step = alg.ppo_epochs * max(1, rows // (alg.mini_batch_size or rows))
+        return per_step * self.cfg.trainer.max_steps
+
+    # --- checkpoint ------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        def write(folder: Path) -> None:
+            self.policy.save(folder, tokenizer=self.tokenizer)
+            torch.save(rng_state(), folder / "rng.pt")
+            self.state.loader = self.loader.state_dict()
+            (folder / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
+            (folder / "config.yaml").write_text(to_yaml(self.cfg))
+
+        return self.checkpointer.save(self.state.step, write)
+
+    def load_checkpoint(self, folder: Path) -> None:
+        self._check_model_shape(folder)
+        self.policy.load(folder)
+        state = json.loads((folder / "trainer_state.json").read_text())
+        self.state = TrainerState(**state)
+        if self.state.step != checkpoint_step(folder):
+            raise CheckpointError(f"{folder}: trainer_state.json says step {self.state.step}")
+        self.loader.load_state_dict(self.state.loader)
+        set_rng_state(torch.load(folder / "rng.pt", weights_only=False))
+
+    def _check_model_shape(self, folder: Path) -> None:
+        cfg_file = folder / "model" / "config.json"
+        if not cfg_file.is_file():
+            raise CheckpointError(f"{folder} is not a complete checkpoint (model/config.json missing)")
+        saved = json.loads(cfg_file.read_text())
+        current = self.policy.model.config.to_dict()
+        diff = [f"{k}: checkpoint {saved.get(k)} vs model {current.get(k)}" for k in _SHAPE_KEYS
+                if saved.get(k) != current.get(k)]
+        if diff:
+            raise CheckpointError(f"checkpoint {folder} was written for another model shape ({'; '.join(diff)})")
+
+    # --- one step --------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        cfg, alg = self.cfg, self.cfg.algorithm
+        seed_everything(step_seed(cfg.seed, step))
+        metrics: dict[str, float] = {}
+        t_start = time.perf_counter()
+
+        examples = self.loader.next_batch()
+        batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
+        validate_batch(batch, "rollout")
+        t_rollout = time.perf_counter()
+
+        batch, reward_metrics = score_batch(batch, self.task)
+        metrics.update(reward_metrics)
+        if batch is None:
+            return self._skip(step, metrics, "every reward was NaN/inf")
+        validate_batch(batch, "reward")
+        if getattr(self.estimator, "needs_greedy_baseline", False):
+            batch[F.BASELINE_REWARDS] = self._greedy_baseline(batch, examples, step)
+        t_reward = time.perf_counter()
+
+        if alg.use_rollout_logprobs:
+            batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+        else:
+            batch[F.OLD_LOGPROBS] = self.policy.compute_logprobs(batch)
+        if self.ref is not None:
+            batch[F.REF_LOGPROBS] = self.ref.compute_logprobs(batch)
+            if alg.kl.mode == "reward":
+                metrics.update(apply_kl_reward_penalty(batch, alg))
+        t_logprob = time.perf_counter()
+
+        advantages, returns = self.estimator(batch, alg)
+        batch[F.ADVANTAGES] = advantages
+        if returns is not None:
+            batch[F.RETURNS] = returns
+        validate_batch(batch, "update", extra=getattr(self.estimator, "required_keys", ()))
+        update_metrics = self.policy.update(
+            batch, norm_length=self.norm_length,
+            generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=1)),
+        )
+        metrics.update(update_metrics)
+        t_update = time.perf_counter()
+
+        self.backend.sync_weights(self.policy)
+        self.state.policy_version = self.backend.version
+        self.state.samples_seen += len(batch)
+        self.state.consecutive_skips = 0
+        metrics.update(self._batch_metrics(batch))
+        metrics.update({
+            "timing/rollout_s": t_rollout - t_start,
+            "timing/reward_s": t_reward - t_rollout,
+            "timing/logprob_s": t_logprob - t_reward,
+            "timing/update_s": t_update - t_logprob,
+            "timing/step_s": time.perf_counter() - t_start,
+            "trainer/policy_version": float(self.state.policy_version),
+            "trainer/samples_seen": float(self.state.samples_seen),
+            "trainer/skipped_steps": float(self.state.skipped_steps),
+        })
+        return metrics
+
+    def _skip(self, step: int, metrics: dict[str, float], why: str) -> dict[str, float]:
+        self.state.skipped_steps += 1
+        self.state.consecutive_skips += 1
+        if self.state.consecutive_skips > self.cfg.trainer.max_skipped_steps:
+            raise RewardError(
+                f"step {step}: {why} for {self.state.consecutive_skips} steps in a row "
+                f"(trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}); check the reward function"
+            )
+        metrics["trainer/skipped_steps"] = float(self.state.skipped_steps)
+        metrics["trainer/step_skipped"] = 1.0
+        return metrics
+
+    def _greedy_baseline(self, batch: Batch, examples, step: int) -> torch.Tensor:
+        """ReMax: the reward of one greedy rollout per prompt, broadcast to the prompt's rows."""
+        greedy = sampling_from_config(self.cfg.generation, n=1, greedy=True)
+        base = self.workflow.run(examples, self.backend, greedy, step=step)
+        base, _ = score_batch(base, self.task)
+        if base is None:
+            raise RewardError("the greedy baseline rollout got only NaN/inf rewards")
+        by_prompt = {g: float(r) for g, r in zip(base[F.GROUP_ID], base[F.REWARDS])}
+        return torch.tensor([by_prompt[g] for g in batch[F.GROUP_ID]], dtype=torch.float32)
+
+    @staticmethod
+    def _batch_metrics(batch: Batch) -> dict[str, float]:
+        rewards = batch[F.REWARDS].float()
+        mask = batch[F.LOSS_MASK].float()
+        lengths = mask.sum(-1)
+        adv = batch[F.ADVANTAGES][mask > 0]
+        finish = batch.meta.get("finish_reason", [])
+        return {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std(unbiased=False)),
+            "reward/max": float(rewards.max()),
+            "reward/min": float(rewards.min()),
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
+            "response/truncated_frac": (sum(f == "length" for f in finish) / len(finish)) if finish else 0.0,
+            "advantage/mean": float(adv.mean()) if adv.numel() else 0.0,
+            "advantage/abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
+            "batch/rows": float(len(batch)),
+            "batch/tokens": float(mask.sum()),
+        }
+
+    # --- the loop --------------------------------------------------------------------------------
+    def fit(self) -> FitResult:
+        cfg = self.cfg
+        resume = resolve_resume(cfg.trainer.resume, self.output_dir / CHECKPOINT_DIR)
+        logger_msgs = []
+        if resume is not None:
+            self.load_checkpoint(resume)
+            logger_msgs.append(f"resumed from {resume} (step {self.state.step})")
+        elif cfg.sft_warmup.steps > 0:
+            losses = run_sft_warmup(self.policy, self.task, self.tokenizer, cfg)
+            logger_msgs.append(
+                f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+            )
+        self.backend = GENERATION_BACKENDS.get(cfg.generation.backend)(
+            self.policy.model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size
+        )
+        self.backend.version = self.state.policy_version
+
+        run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
+        logger = MetricsLogger(cfg.logger, self.output_dir, run_config=run_config, total_steps=cfg.trainer.max_steps,
+                               start_step=self.state.step, run_name=cfg.experiment_name)
+        (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
+        for msg in logger_msgs:
+            logger.message(msg)
+        self.preemption.install()
+        last: dict[str, float] = {}
+        last_saved: Path | None = None
+        status = "completed"
+        try:
+            for step in range(self.state.step, cfg.trainer.max_steps):
+                last = self.train_step(step)
+                self.state.step = step + 1
+                logger.log(step, last)
+                _check_finite(last, step)
+                interval = cfg.trainer.save_interval
+                if (interval and self.state.step % interval == 0) or self.preemption.requested:
+                    last_saved = self.save_checkpoint()
+                if self.preemption.requested:
+                    status = "preempted"
+                    logger.message(f"signal {self.preemption.signum}: saved {last_saved}, exiting for requeue")
+                    break
+            if status == "completed" and (last_saved is None or checkpoint_step(last_saved) != self.state.step):
+                last_saved = self.save_checkpoint()
+        finally:
+            self.preemption.uninstall()
+            logger.close()
+        return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
+
+
+def _check_finite(metrics: dict[str, float], step: int) -> None:
+    loss = metrics.get("actor/loss")
+    if loss is not None and not math.isfinite(loss):
+        raise RewardError(f"step {step}: the policy loss is {loss}; the update was not applied. "
+                          "Lower optim.lr or check rewards/advantages")

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) with the CPU build of torch and this package installed editable.
+# Usage: bash scripts/setup_env.sh [extras]   (extras default: test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-test}"
+python_bin="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$python_bin" -m venv .venv
+fi
+. .venv/bin/activate
+# Install the CPU build of torch first and pinned; an unpinned torch would pull a multi-GB CUDA build.
+if ! python -c "import torch" 2>/dev/null; then
+  pip install --quiet --disable-pip-version-check "torch==2.13.0"
+fi
+pip install --quiet --disable-pip-version-check -e ".[${extras}]"

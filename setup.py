@@ -1,0 +1,31 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="nemo_azr",
+    version="0.1.0",
+    description="RL trainer for LLMs: Absolute Zero self-play, RLCR, GRPO/PPO on HF or Megatron-core",
+    packages=find_packages(include=["nemo_azr", "nemo_azr.*", "launcher", "launcher.*"]),
+    include_package_data=True,
+    package_data={"nemo_azr": ["conf/**/*.yaml", "conf/*.yaml"]},
+    python_requires=">=3.10",
+    install_requires=[
+        # CPU installs pin torch==2.13.0 first (see README); GPU images bring their own torch.
+        "torch>=2.4",
+        "transformers>=4.50",
+        "tokenizers>=0.20",
+        "safetensors",
+        "hydra-core>=1.3",
+        "omegaconf>=2.3",
+        "math-verify>=0.7",
+        "wandb>=0.18",
+        "tqdm",
+        "numpy",
+        "psutil",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "matplotlib"],
+        "dev": ["pytest>=8", "ruff", "matplotlib"],
+        "gpu": ["megatron-core>=0.16", "transformer-engine", "tensorrt-llm", "triton"],
+    },
+    entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:main"]},
+)
