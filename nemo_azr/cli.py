@@ -22,7 +22,9 @@ def _train(overrides: list[str]) -> int:
     cfg = load_config(overrides)
     result = Trainer(cfg).fit()
     summary = ", ".join(
-        f"{k}={result.last_metrics[k]:.4g}" for k in ("reward/mean", "actor/pg_loss") if k in result.last_metrics
+        f"{k}={result.last_metrics[k]:.4g}"
+        for k in ("reward/mean", "actor/pg_loss")
+        if k in result.last_metrics
     )
     print(f"{result.status} at step {result.step}; {summary}; checkpoint: {result.checkpoint}")
     return EXIT_PREEMPTED if result.status == "preempted" else 0
@@ -47,7 +49,10 @@ def _make_tiny_model(overrides: list[str]) -> int:
 COMMANDS = {
     "train": (_train, "run RL training (default: tiny model, arithmetic, CPU)"),
     "show-config": (_show_config, "print the composed, validated config"),
-    "make-tiny-model": (_make_tiny_model, "build (or find) the cached tiny model + tokenizer, print its folder"),
+    "make-tiny-model": (
+        _make_tiny_model,
+        "build (or find) the cached tiny model + tokenizer, print its folder",
+    ),
 }
 
 

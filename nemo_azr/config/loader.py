@@ -69,7 +69,9 @@ def compose_config(
     return cfg
 
 
-def load_config(overrides: list[str] | None = None, *, config_name: str = DEFAULT_CONFIG_NAME) -> NemoAzrConfig:
+def load_config(
+    overrides: list[str] | None = None, *, config_name: str = DEFAULT_CONFIG_NAME
+) -> NemoAzrConfig:
     """Compose, convert to the dataclass tree, and validate. Raises ConfigError on any problem."""
     composed = compose_config(overrides, config_name=config_name)
     try:

@@ -73,7 +73,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(cfg.data.prompts_per_step >= 1, "data.prompts_per_step must be >= 1")
     rows = cfg.data.prompts_per_step * gen.n_samples
     _require(alg.ppo_epochs >= 1, f"algorithm.ppo_epochs must be >= 1, got {alg.ppo_epochs}")
-    _require(alg.micro_batch_size >= 1, f"algorithm.micro_batch_size must be >= 1, got {alg.micro_batch_size}")
+    _require(
+        alg.micro_batch_size >= 1, f"algorithm.micro_batch_size must be >= 1, got {alg.micro_batch_size}"
+    )
     _require(alg.mini_batch_size >= 0, "algorithm.mini_batch_size must be >= 0 (0 = whole batch)")
     if alg.mini_batch_size:
         _require(
@@ -83,7 +85,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         )
     _require(alg.clip_ratio_low >= 0 and alg.clip_ratio_high >= 0, "algorithm.clip_ratio_* must be >= 0")
     if alg.dual_clip:
-        _require(alg.clip_ratio_c > 1, f"algorithm.clip_ratio_c must be > 1 for dual-clip, got {alg.clip_ratio_c}")
+        _require(
+            alg.clip_ratio_c > 1, f"algorithm.clip_ratio_c must be > 1 for dual-clip, got {alg.clip_ratio_c}"
+        )
     _require(alg.eps >= 0 and alg.loss_eta >= 0, "algorithm.eps and algorithm.loss_eta must be >= 0")
     _require(0 < alg.gamma <= 1, f"algorithm.gamma must be in (0, 1], got {alg.gamma}")
     _require(alg.kl.coef >= 0, f"algorithm.kl.coef must be >= 0, got {alg.kl.coef}")
@@ -91,7 +95,10 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(alg.entropy_coef >= 0, "algorithm.entropy_coef must be >= 0")
 
     _require(opt.lr > 0, f"optim.lr must be > 0, got {opt.lr}")
-    _require(len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas), f"optim.betas must be two values in [0, 1), got {opt.betas}")
+    _require(
+        len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas),
+        f"optim.betas must be two values in [0, 1), got {opt.betas}",
+    )
     _require(opt.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 disables)")
     _require(opt.warmup_steps >= 0 and opt.total_steps >= 0, "optim.warmup_steps/total_steps must be >= 0")
     _require(0 <= opt.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
@@ -101,5 +108,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(bool(tr.output_dir), "trainer.output_dir must be set")
     _require(tr.max_skipped_steps >= 0, "trainer.max_skipped_steps must be >= 0")
     _require(cfg.model.logprob_chunk_size >= 1, "model.logprob_chunk_size must be >= 1")
-    _require(cfg.sft_warmup.steps >= 0 and cfg.sft_warmup.batch_size >= 1, "sft_warmup.steps >= 0, batch_size >= 1")
+    _require(
+        cfg.sft_warmup.steps >= 0 and cfg.sft_warmup.batch_size >= 1, "sft_warmup.steps >= 0, batch_size >= 1"
+    )
     _require(cfg.logger.console_interval >= 1, "logger.console_interval must be >= 1")

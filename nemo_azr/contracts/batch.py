@@ -77,7 +77,7 @@ class Batch:
         return bool(self.tensors or self.meta)
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        return self[key] if key in self else default  # noqa: SIM401 (this *is* get)
 
     def keys(self) -> list[str]:
         return [*self.tensors, *self.meta]

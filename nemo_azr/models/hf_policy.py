@@ -49,11 +49,19 @@ def _check_supported(model: torch.nn.Module) -> None:
 class HFPolicy:
     """Trainable (actor) or frozen (reference) transformers causal LM."""
 
-    def __init__(self, model_path: str | Path, cfg: NemoAzrConfig, *, trainable: bool = True,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: NemoAzrConfig,
+        *,
+        trainable: bool = True,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=getattr(torch, cfg.model.dtype))
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(model_path), dtype=getattr(torch, cfg.model.dtype)
+        )
         _check_supported(self.model)
         self.model.to(self.device)
         self.trainable = trainable
@@ -108,7 +116,9 @@ class HFPolicy:
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
 
     # --- RL update -------------------------------------------------------------------------------
-    def update(self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None) -> dict[str, float]:
+    def update(
+        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
+    ) -> dict[str, float]:
         """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
         if self.optimizer is None:
             raise RuntimeError("setup_optimizer() must be called before update()")
@@ -119,7 +129,9 @@ class HFPolicy:
         n_steps = 0
         skipped = 0
         for _ in range(alg.ppo_epochs):
-            order = torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
+            order = (
+                torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
+            )
             for rows_idx in order.split(mini):
                 mb = batch.index(rows_idx)
                 n_tok = float(mb[F.LOSS_MASK].sum())

@@ -1,1 +1,3 @@
+"""Reward functions (importing registers them)."""
 
+from nemo_azr.rewards import accuracy  # noqa: F401

@@ -42,7 +42,9 @@ def pack_prompt_response(
             attn[i, p_len : p_len + len(r)] = 1
             loss[i, p_len : p_len + len(r)] = 1.0
             if response_logprobs is not None:
-                logp[i, p_len : p_len + len(r)] = torch.as_tensor(list(response_logprobs[i]), dtype=torch.float32)
+                logp[i, p_len : p_len + len(r)] = torch.as_tensor(
+                    list(response_logprobs[i]), dtype=torch.float32
+                )
     out = {
         F.INPUT_IDS: ids,
         F.ATTENTION_MASK: attn,

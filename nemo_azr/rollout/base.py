@@ -47,7 +47,9 @@ class GenerationOutput:
 
 @runtime_checkable
 class GenerationBackend(Protocol):
-    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]: ...
+    def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingParams
+    ) -> list[GenerationOutput]: ...
 
 
 CAPABILITIES = ("sync_weights", "release", "flush_cache", "version")

@@ -81,7 +81,9 @@ class HFGenerationBackend:
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p) :] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1
+        )
         past = out.past_key_values
         next_pos = pos[:, -1:] + 1
 
@@ -116,7 +118,11 @@ class HFGenerationBackend:
                 break
             attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=1)
             out = self.model(
-                input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos, past_key_values=past, use_cache=True
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=next_pos,
+                past_key_values=past,
+                use_cache=True,
             )
             past = out.past_key_values
             next_pos = next_pos + 1
@@ -126,7 +132,9 @@ class HFGenerationBackend:
             n = lengths[i]
             ids_i = tokens[i, :n].tolist()
             text = self.tokenizer.decode(ids_i, skip_special_tokens=True)
-            samples.append(Sample(token_ids=ids_i, logprobs=logps[i, :n].tolist(), text=text, finish_reason=reason[i]))
+            samples.append(
+                Sample(token_ids=ids_i, logprobs=logps[i, :n].tolist(), text=text, finish_reason=reason[i])
+            )
         return samples
 
 

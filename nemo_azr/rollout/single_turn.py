@@ -33,10 +33,21 @@ class SingleTurnWorkflow:
         outputs = backend.generate(requests, sampling)
 
         rows_prompt, rows_resp, rows_logp = [], [], []
-        meta: dict[str, list] = {k: [] for k in (
-            F.UID, F.GROUP_ID, F.PROMPT_ID, F.ROLE, F.SAMPLE_TYPE, F.POLICY_VERSION,
-            F.PROMPT_TEXT, F.RESPONSE_TEXT, "example", "finish_reason",
-        )}
+        meta: dict[str, list] = {
+            k: []
+            for k in (
+                F.UID,
+                F.GROUP_ID,
+                F.PROMPT_ID,
+                F.ROLE,
+                F.SAMPLE_TYPE,
+                F.POLICY_VERSION,
+                F.PROMPT_TEXT,
+                F.RESPONSE_TEXT,
+                "example",
+                "finish_reason",
+            )
+        }
         for i, (ex, out) in enumerate(zip(examples, outputs)):
             group = f"s{step}-p{i}"
             for j, s in enumerate(out.samples):

@@ -112,5 +112,7 @@ def resolve_resume(resume: str, root: Path) -> Path | None:
     if not path.is_dir():
         raise CheckpointError(f"trainer.resume={resume!r}: no such checkpoint folder")
     if not is_complete(path):
-        raise CheckpointError(f"trainer.resume={resume!r} is not a complete step_N checkpoint (no {COMPLETE_MARKER})")
+        raise CheckpointError(
+            f"trainer.resume={resume!r} is not a complete step_N checkpoint (no {COMPLETE_MARKER})"
+        )
     return path

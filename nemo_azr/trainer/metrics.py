@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,16 @@ def _jsonable(v: Any) -> Any:
 
 
 class MetricsLogger:
-    def __init__(self, cfg: LoggerConfig, output_dir: Path, *, run_config: dict, total_steps: int,
-                 start_step: int, run_name: str) -> None:
+    def __init__(
+        self,
+        cfg: LoggerConfig,
+        output_dir: Path,
+        *,
+        run_config: dict,
+        total_steps: int,
+        start_step: int,
+        run_name: str,
+    ) -> None:
         self.cfg = cfg
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -37,8 +46,14 @@ class MetricsLogger:
             self._truncate_after(start_step)
         self._bar = None
         if cfg.console:
-            self._bar = tqdm(total=total_steps, initial=start_step, desc="train", dynamic_ncols=True,
-                             file=sys.stderr, disable=None)
+            self._bar = tqdm(
+                total=total_steps,
+                initial=start_step,
+                desc="train",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                disable=None,
+            )
         self._wandb = None
         if cfg.wandb.enabled and cfg.wandb.mode != "disabled":
             self._wandb = self._init_wandb(run_config, run_name)
@@ -66,12 +81,18 @@ class MetricsLogger:
 
         wcfg = self.cfg.wandb
         id_file = self.output_dir / "wandb_run_id.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
         id_file.write_text(run_id)
         os.environ.setdefault("WANDB_SILENT", "true")
         return wandb.init(
-            project=wcfg.project, entity=wcfg.entity or None, name=wcfg.name or run_name, id=run_id,
-            resume="allow", mode=wcfg.mode, dir=wcfg.dir or str(self.output_dir), config=run_config,
+            project=wcfg.project,
+            entity=wcfg.entity or None,
+            name=wcfg.name or run_name,
+            id=run_id,
+            resume="allow",
+            mode=wcfg.mode,
+            dir=wcfg.dir or str(self.output_dir),
+            config=run_config,
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -86,8 +107,11 @@ class MetricsLogger:
             for k, v in metrics.items():
                 self._tb.add_scalar(k, v, step)
         if self._bar is not None:
-            shown = {k.split("/")[-1] if k != "reward/mean" else "reward": f"{metrics[k]:.3g}"
-                     for k in CONSOLE_KEYS[:2] if k in metrics}
+            shown = {
+                k.split("/")[-1] if k != "reward/mean" else "reward": f"{metrics[k]:.3g}"
+                for k in CONSOLE_KEYS[:2]
+                if k in metrics
+            }
             self._bar.set_postfix(shown, refresh=False)
             self._bar.update(1)
             if (step + 1) % self.cfg.console_interval == 0:

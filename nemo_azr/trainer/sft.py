@@ -20,8 +20,9 @@ from nemo_azr.tasks.dataloader import PromptLoader
 SFT_SEED_SALT = 7907
 
 
-def run_sft_warmup(policy, task: Task, tokenizer, cfg: NemoAzrConfig,
-                   on_step: Callable[[int, float], None] | None = None) -> list[float]:
+def run_sft_warmup(
+    policy, task: Task, tokenizer, cfg: NemoAzrConfig, on_step: Callable[[int, float], None] | None = None
+) -> list[float]:
     """Returns the loss of each warm-up step."""
     wcfg = cfg.sft_warmup
     loader = PromptLoader(task.examples, wcfg.batch_size, shuffle=True, seed=cfg.seed + SFT_SEED_SALT)
@@ -32,7 +33,8 @@ def run_sft_warmup(policy, task: Task, tokenizer, cfg: NemoAzrConfig,
         examples = loader.next_batch()
         prompts = [encode_prompt(tokenizer, task.messages(ex)) for ex in examples]
         targets = [
-            tokenizer(task.reference_response(ex), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            tokenizer(task.reference_response(ex), add_special_tokens=False)["input_ids"]
+            + [tokenizer.eos_token_id]
             for ex in examples
         ]
         batch = Batch(pack_prompt_response(prompts, targets, None, pad_id=pad))

@@ -76,7 +76,9 @@ class Trainer:
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.tiny)
         self.tokenizer = load_tokenizer(self.model_path)
         self.task = build_task(cfg.data)
-        self.loader = PromptLoader(self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed)
+        self.loader = PromptLoader(
+            self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed
+        )
         self.workflow = SingleTurnWorkflow(self.task, self.tokenizer)
         self.estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
 
@@ -125,10 +127,15 @@ class Trainer:
             raise CheckpointError(f"{folder} is not a complete checkpoint (model/config.json missing)")
         saved = json.loads(cfg_file.read_text())
         current = self.policy.model.config.to_dict()
-        diff = [f"{k}: checkpoint {saved.get(k)} vs model {current.get(k)}" for k in _SHAPE_KEYS
-                if saved.get(k) != current.get(k)]
+        diff = [
+            f"{k}: checkpoint {saved.get(k)} vs model {current.get(k)}"
+            for k in _SHAPE_KEYS
+            if saved.get(k) != current.get(k)
+        ]
         if diff:
-            raise CheckpointError(f"checkpoint {folder} was written for another model shape ({'; '.join(diff)})")
+            raise CheckpointError(
+                f"checkpoint {folder} was written for another model shape ({'; '.join(diff)})"
+            )
 
     # --- one step --------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -167,7 +174,8 @@ class Trainer:
             batch[F.RETURNS] = returns
         validate_batch(batch, "update", extra=getattr(self.estimator, "required_keys", ()))
         update_metrics = self.policy.update(
-            batch, norm_length=self.norm_length,
+            batch,
+            norm_length=self.norm_length,
             generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=1)),
         )
         metrics.update(update_metrics)
@@ -178,16 +186,18 @@ class Trainer:
         self.state.samples_seen += len(batch)
         self.state.consecutive_skips = 0
         metrics.update(self._batch_metrics(batch))
-        metrics.update({
-            "timing/rollout_s": t_rollout - t_start,
-            "timing/reward_s": t_reward - t_rollout,
-            "timing/logprob_s": t_logprob - t_reward,
-            "timing/update_s": t_update - t_logprob,
-            "timing/step_s": time.perf_counter() - t_start,
-            "trainer/policy_version": float(self.state.policy_version),
-            "trainer/samples_seen": float(self.state.samples_seen),
-            "trainer/skipped_steps": float(self.state.skipped_steps),
-        })
+        metrics.update(
+            {
+                "timing/rollout_s": t_rollout - t_start,
+                "timing/reward_s": t_reward - t_rollout,
+                "timing/logprob_s": t_logprob - t_reward,
+                "timing/update_s": t_update - t_logprob,
+                "timing/step_s": time.perf_counter() - t_start,
+                "trainer/policy_version": float(self.state.policy_version),
+                "trainer/samples_seen": float(self.state.samples_seen),
+                "trainer/skipped_steps": float(self.state.skipped_steps),
+            }
+        )
         return metrics
 
     def _skip(self, step: int, metrics: dict[str, float], why: str) -> dict[str, float]:
@@ -252,8 +262,14 @@ class Trainer:
         self.backend.version = self.state.policy_version
 
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
-        logger = MetricsLogger(cfg.logger, self.output_dir, run_config=run_config, total_steps=cfg.trainer.max_steps,
-                               start_step=self.state.step, run_name=cfg.experiment_name)
+        logger = MetricsLogger(
+            cfg.logger,
+            self.output_dir,
+            run_config=run_config,
+            total_steps=cfg.trainer.max_steps,
+            start_step=self.state.step,
+            run_name=cfg.experiment_name,
+        )
         (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
         for msg in logger_msgs:
             logger.message(msg)
@@ -272,9 +288,13 @@ class Trainer:
                     last_saved = self.save_checkpoint()
                 if self.preemption.requested:
                     status = "preempted"
-                    logger.message(f"signal {self.preemption.signum}: saved {last_saved}, exiting for requeue")
+                    logger.message(
+                        f"signal {self.preemption.signum}: saved {last_saved}, exiting for requeue"
+                    )
                     break
-            if status == "completed" and (last_saved is None or checkpoint_step(last_saved) != self.state.step):
+            if status == "completed" and (
+                last_saved is None or checkpoint_step(last_saved) != self.state.step
+            ):
                 last_saved = self.save_checkpoint()
         finally:
             self.preemption.uninstall()
@@ -285,5 +305,7 @@ class Trainer:
 def _check_finite(metrics: dict[str, float], step: int) -> None:
     loss = metrics.get("actor/loss")
     if loss is not None and not math.isfinite(loss):
-        raise RewardError(f"step {step}: the policy loss is {loss}; the update was not applied. "
-                          "Lower optim.lr or check rewards/advantages")
+        raise RewardError(
+            f"step {step}: the policy loss is {loss}; the update was not applied. "
+            "Lower optim.lr or check rewards/advantages"
+        )

@@ -76,7 +76,9 @@ def test_row_count_mismatch_is_an_error():
 def test_validate_names_stage_and_missing_key():
     b = make(2, 3)
     validate_batch(b, "reward")
-    with pytest.raises(BatchContractError, match=r"stage 'advantage': missing key 'advantages' \[B,T\] float"):
+    with pytest.raises(
+        BatchContractError, match=r"stage 'advantage': missing key 'advantages' \[B,T\] float"
+    ):
         validate_batch(b, "advantage")
     b["advantages"] = torch.zeros(2, 3)
     with pytest.raises(BatchContractError, match="stage 'update': missing key 'old_logprobs'"):
@@ -86,7 +88,9 @@ def test_validate_names_stage_and_missing_key():
 def test_validate_reports_misshaped_key():
     b = make(2, 3)
     b["rewards"] = torch.zeros(2, 3)
-    with pytest.raises(BatchContractError, match=r"stage 'reward': key 'rewards' must be \[2\] float, got \[2, 3\] float32"):
+    with pytest.raises(
+        BatchContractError, match=r"stage 'reward': key 'rewards' must be \[2\] float, got \[2, 3\] float32"
+    ):
         validate_batch(b, "reward")
     b = make(2, 3)
     b["advantages"] = torch.zeros(2, 5)

@@ -102,7 +102,9 @@ _CHILD = textwrap.dedent(
 
 @pytest.mark.parametrize("phase", ["writing", "before-rename"])
 def test_kill_9_during_save_never_yields_a_half_checkpoint(tmp_path, phase):
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(tmp_path), phase], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path), phase], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)

@@ -21,27 +21,39 @@ def setup(tiny_model_path):
     tok = load_tokenizer(tiny_model_path)
     policy = HFPolicy(tiny_model_path, cfg, trainable=True)
     backend = HFGenerationBackend(policy.model, tok)
-    prompts = [encode_prompt(tok, [{"role": "user", "content": q}]) for q in ("What is 1 + 2?", "Hi", "What is 7 + 8?")]
+    prompts = [
+        encode_prompt(tok, [{"role": "user", "content": q}])
+        for q in ("What is 1 + 2?", "Hi", "What is 7 + 8?")
+    ]
     return cfg, tok, policy, backend, prompts
 
 
 def _naive_logprobs(model, batch, temperature):
     with torch.no_grad():
         logits = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"]
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
         ).logits
-    lp = torch.log_softmax(logits[:, :-1].float() / temperature, -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
+    lp = torch.log_softmax(logits[:, :-1].float() / temperature, -1).gather(
+        -1, batch["input_ids"][:, 1:, None]
+    )[..., 0]
     return torch.nn.functional.pad(lp, (1, 0)) * batch["loss_mask"]
 
 
 def test_rollout_logprobs_match_policy_and_naive_reference(setup):
     cfg, tok, policy, backend, prompts = setup
     torch.manual_seed(0)
-    outs = backend.generate([GenerationRequest(p) for p in prompts], SamplingParams(n=2, temperature=0.7, max_new_tokens=6))
+    outs = backend.generate(
+        [GenerationRequest(p) for p in prompts], SamplingParams(n=2, temperature=0.7, max_new_tokens=6)
+    )
     rows_p = [p for p, o in zip(prompts, outs) for _ in o.samples]
     samples = [s for o in outs for s in o.samples]
-    batch = Batch(pack_prompt_response(rows_p, [s.token_ids for s in samples], [s.logprobs for s in samples],
-                                       pad_id=tok.pad_token_id))
+    batch = Batch(
+        pack_prompt_response(
+            rows_p, [s.token_ids for s in samples], [s.logprobs for s in samples], pad_id=tok.pad_token_id
+        )
+    )
     mine = policy.compute_logprobs(batch)
     naive = _naive_logprobs(policy.model, batch, 0.7)
     torch.testing.assert_close(mine, naive, rtol=1e-5, atol=1e-5)
@@ -51,11 +63,19 @@ def test_rollout_logprobs_match_policy_and_naive_reference(setup):
 
 def test_greedy_matches_transformers_generate(setup):
     _cfg, tok, policy, backend, prompts = setup
-    out = backend.generate([GenerationRequest(prompts[0])], SamplingParams(n=1, greedy=True, max_new_tokens=6))
+    out = backend.generate(
+        [GenerationRequest(prompts[0])], SamplingParams(n=1, greedy=True, max_new_tokens=6)
+    )
     ids = torch.tensor([prompts[0]])
-    ref = backend.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    expected = ref[0, ids.shape[1]:].tolist()
+    ref = backend.model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=6,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    expected = ref[0, ids.shape[1] :].tolist()
     if tok.eos_token_id in expected:
         expected = expected[: expected.index(tok.eos_token_id) + 1]
     assert out[0].samples[0].token_ids == expected
@@ -63,17 +83,24 @@ def test_greedy_matches_transformers_generate(setup):
 
 def test_eos_ends_the_sample_and_the_loss_mask(setup):
     _cfg, tok, policy, backend, prompts = setup
-    # Force the model to emit eos right away by biasing the output layer.
+    # Make eos likely from the 3rd token on by biasing the output layer's logits.
     gen = HFGenerationBackend(policy.model, tok)
-    with torch.no_grad():
-        head = gen.model.get_output_embeddings().weight
-        head[tok.eos_token_id] += 50.0 * head.norm(dim=0) / head.norm()
-        gen.model.get_output_embeddings().weight.copy_(head)
-    out = gen.generate([GenerationRequest(p) for p in prompts], SamplingParams(n=1, greedy=True, max_new_tokens=5))
+    bias = torch.zeros(gen.model.config.vocab_size)
+    bias[tok.eos_token_id] = 100.0
+    calls = []
+
+    def hook(_module, _inputs, logits):
+        calls.append(1)
+        return logits + bias if len(calls) >= 3 else logits
+
+    gen.model.get_output_embeddings().register_forward_hook(hook)
+    out = gen.generate(
+        [GenerationRequest(p) for p in prompts], SamplingParams(n=1, greedy=True, max_new_tokens=5)
+    )
     for o in out:
         s = o.samples[0]
         assert s.token_ids[-1] == tok.eos_token_id and s.finish_reason == "eos"
-        assert s.token_ids.count(tok.eos_token_id) == 1
+        assert s.token_ids.count(tok.eos_token_id) == 1 and len(s.token_ids) <= 3
 
 
 def test_stop_strings_and_length_limit(setup):
@@ -87,7 +114,9 @@ def test_stop_strings_and_length_limit(setup):
     first = next(s for s in free[0].samples if s.text.strip())
     stop = first.text.strip()[0]
     torch.manual_seed(1)
-    stopped = backend.generate([GenerationRequest(prompts[1])], SamplingParams(n=4, max_new_tokens=7, stop_strings=(stop,)))
+    stopped = backend.generate(
+        [GenerationRequest(prompts[1])], SamplingParams(n=4, max_new_tokens=7, stop_strings=(stop,))
+    )
     for s in stopped[0].samples:
         if s.finish_reason == "stop":
             assert stop in s.text
@@ -113,14 +142,21 @@ def test_sync_weights_copies_and_bumps_version(setup):
 def _rl_batch(tok, prompts, n=4, seed=0):
     g = torch.Generator().manual_seed(seed)
     rows_p = [p for p in prompts for _ in range(n)]
-    resp = [torch.randint(5, 60, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist() for _ in rows_p]
-    b = Batch(pack_prompt_response(rows_p, resp, None, pad_id=tok.pad_token_id),
-              {"uid": list(range(len(rows_p))), "group_id": [i // n for i in range(len(rows_p))]})
+    resp = [
+        torch.randint(5, 60, (int(torch.randint(2, 6, (1,), generator=g)),), generator=g).tolist()
+        for _ in rows_p
+    ]
+    b = Batch(
+        pack_prompt_response(rows_p, resp, None, pad_id=tok.pad_token_id),
+        {"uid": list(range(len(rows_p))), "group_id": [i // n for i in range(len(rows_p))]},
+    )
     b["advantages"] = torch.randn(len(rows_p), 1, generator=g) * b["loss_mask"]
     return b
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+)
 def test_gradient_accumulation_equals_one_big_micro_batch(tiny_model_path, setup, agg):
     """micro_batch_size must not change the update: normalisers are the mini-batch's, not the micro's."""
     _cfg, tok, _policy, _backend, prompts = setup
@@ -136,8 +172,9 @@ def test_gradient_accumulation_equals_one_big_micro_batch(tiny_model_path, setup
         batch = _rl_batch(tok, prompts)
         batch["old_logprobs"] = pol.compute_logprobs(batch) - 0.1  # ratio != 1 exercises the clip branches
         captured = []
-        pol._clip_and_step = lambda pol=pol, captured=captured: captured.append(
-            [p.grad.clone() for p in pol.model.parameters()]) or 1.0
+        pol._clip_and_step = lambda pol=pol, captured=captured: (
+            captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
+        )
         metrics = pol.update(batch, norm_length=8)
         assert metrics["actor/optimizer_steps"] == 1.0
         grads.append(captured[0])

@@ -225,13 +225,20 @@ def rss_kib():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() // 1024
 
+def hwm_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM"):
+                return int(line.split()[1])
+
 def growth_kib(fn):
-    # Peak RSS during fn minus RSS just before it. ru_maxrss never goes down, so if fn does not
-    # exceed an earlier peak this over-estimates fn's growth: phases therefore run in order of
-    # increasing peak, and an out-of-order phase can only make a chunked bound fail, never pass.
+    # Peak RSS during fn minus RSS just before it. The peak (VmHWM) is reset first: ru_maxrss
+    # would also count the parent's RSS, which Linux carries across fork+exec.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
     before = rss_kib()
     fn()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    return hwm_kib() - before
 
 def fwd_bwd(f, *args, **kw):
     def run():

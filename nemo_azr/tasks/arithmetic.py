@@ -1,0 +1,71 @@
+"""Arithmetic drill: "What is 3 + 5?" -> "8", over every operand pair in a small range."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import random
+from collections.abc import Callable
+
+from nemo_azr.config.schema import DataConfig
+from nemo_azr.errors import ConfigError
+from nemo_azr.registry import TASKS
+from nemo_azr.rewards.accuracy import accuracy_reward
+from nemo_azr.tasks.base import Example, Task
+
+OPERATIONS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+DEFAULT_SUBSET_SEED = 0  # DataConfig has no seed; the subset only has to be the same every run
+
+
+@TASKS.register("arithmetic")
+class ArithmeticTask(Task):
+    """Every ``(a, op, b)`` in range, or a seeded subset of ``num_problems`` of them."""
+
+    name = "arithmetic"
+
+    def __init__(self, cfg: DataConfig, *, seed: int = DEFAULT_SUBSET_SEED) -> None:
+        super().__init__(cfg)
+        arith = cfg.arithmetic
+        operations = _validate_operations(list(arith.operations))
+        if arith.min_operand > arith.max_operand:
+            raise ConfigError(
+                f"data.arithmetic.min_operand ({arith.min_operand}) must be <= "
+                f"max_operand ({arith.max_operand})"
+            )
+        operands = range(arith.min_operand, arith.max_operand + 1)
+        problems = list(itertools.product(operands, operations, operands))
+        if arith.num_problems < 0 or arith.num_problems > len(problems):
+            raise ConfigError(
+                f"data.arithmetic.num_problems must be in [0, {len(problems)}] (0 = all), "
+                f"got {arith.num_problems}"
+            )
+        if arith.num_problems:
+            keep = sorted(random.Random(seed).sample(range(len(problems)), arith.num_problems))
+            problems = [problems[i] for i in keep]
+        self.examples = [_example(a, op, b) for a, op, b in problems]
+
+    def reward(self, example: Example, response_text: str) -> float:
+        return accuracy_reward(example.answer, response_text)
+
+
+def _validate_operations(operations: list[str]) -> list[str]:
+    if not operations:
+        raise ConfigError(f"data.arithmetic.operations is empty; use some of {list(OPERATIONS)}")
+    unknown = [op for op in operations if op not in OPERATIONS]
+    if unknown:
+        raise ConfigError(f"data.arithmetic.operations has unknown {unknown}; known: {list(OPERATIONS)}")
+    return list(dict.fromkeys(operations))  # drop duplicates, keep order
+
+
+def _example(a: int, op: str, b: int) -> Example:
+    result = OPERATIONS[op](a, b)
+    return Example(
+        prompt_id=f"arith-{a}{op}{b}",
+        question=f"What is {a} {op} {b}?",
+        answer=str(result),
+        meta={"a": a, "op": op, "b": b},
+    )
