@@ -32,7 +32,7 @@ class ModelConfig:
     backend: str = "hf"  # policy backend (registry POLICY_BACKENDS)
     path: str = "tiny"  # a local HF model folder, or "tiny" for the built-in tiny model
     dtype: str = "float32"  # float32 | bfloat16 | float16
-    logprob_chunk_size: int = 1024  # tokens per chunk when computing log-probs (memory O(chunk x V))
+    logprob_chunk_size: int = 0  # tokens per log-prob chunk (memory O(chunk x V)); 0: ~64 MiB of logits
     gradient_checkpointing: bool = False
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 

@@ -6,6 +6,8 @@ before any model is loaded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.errors import ConfigError
 
@@ -71,6 +73,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         )
 
     _require(cfg.data.prompts_per_step >= 1, "data.prompts_per_step must be >= 1")
+    if cfg.data.task == "jsonl":
+        _require(bool(cfg.data.path), "data.task=jsonl needs data.path=/path/to/file.jsonl")
+        _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path!r}: no such file")
     rows = cfg.data.prompts_per_step * gen.n_samples
     _require(alg.ppo_epochs >= 1, f"algorithm.ppo_epochs must be >= 1, got {alg.ppo_epochs}")
     _require(
@@ -107,7 +112,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(tr.save_interval >= 0 and tr.keep_last >= 0, "trainer.save_interval/keep_last must be >= 0")
     _require(bool(tr.output_dir), "trainer.output_dir must be set")
     _require(tr.max_skipped_steps >= 0, "trainer.max_skipped_steps must be >= 0")
-    _require(cfg.model.logprob_chunk_size >= 1, "model.logprob_chunk_size must be >= 1")
+    _require(cfg.model.logprob_chunk_size >= 0, "model.logprob_chunk_size must be >= 0 (0 = auto)")
     _require(
         cfg.sft_warmup.steps >= 0 and cfg.sft_warmup.batch_size >= 1, "sft_warmup.steps >= 0, batch_size >= 1"
     )

@@ -29,8 +29,16 @@ hf_logging.disable_progress_bar()
 
 #: Config attributes that change logits beyond ``hidden @ W.T`` (unsupported by the fused path).
 _UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "logit_scale")
+#: Budget of one chunk's float32 logits when model.logprob_chunk_size is 0 (auto).
+AUTO_CHUNK_BYTES = 64 * 2**20
+MIN_AUTO_CHUNK_TOKENS = 16
 #: Metrics that are sums over micro-batches (already normalised globally); the rest are token-weighted means.
 _SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
+
+
+def auto_chunk_size(vocab_size: int) -> int:
+    """Tokens per log-prob chunk so that one chunk's float32 logits take about AUTO_CHUNK_BYTES."""
+    return max(MIN_AUTO_CHUNK_TOKENS, AUTO_CHUNK_BYTES // (4 * vocab_size))
 
 
 def _check_supported(model: torch.nn.Module) -> None:
@@ -66,7 +74,7 @@ class HFPolicy:
         self.model.to(self.device)
         self.trainable = trainable
         self.temperature = cfg.generation.temperature
-        self.chunk_size = cfg.model.logprob_chunk_size
+        self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.model.config.vocab_size)
         if trainable:
             self.model.train()
             if cfg.model.gradient_checkpointing:

@@ -73,9 +73,9 @@ class Trainer:
         self.output_dir = Path(tr.output_dir)
         self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, keep_last=tr.keep_last)
 
+        self.task = build_task(cfg.data)  # first: a data problem should not wait for a model load
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.tiny)
         self.tokenizer = load_tokenizer(self.model_path)
-        self.task = build_task(cfg.data)
         self.loader = PromptLoader(
             self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed
         )

@@ -1,0 +1,129 @@
+"""Bad configs and bad data give one clear line (CLI) or a counted, logged skip; never a wrong update."""
+
+import math
+
+import pytest
+import torch
+
+from nemo_azr.cli import main
+from nemo_azr.config.loader import load_config
+from nemo_azr.errors import ConfigError, RewardError
+from nemo_azr.registry import TASKS
+from nemo_azr.tasks.arithmetic import ArithmeticTask
+from nemo_azr.trainer.metrics import read_metrics
+from nemo_azr.trainer.trainer import Trainer
+
+
+def _cli_error(capsys, *overrides, command="show-config") -> str:
+    code = main([command, *overrides])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err  # one line, no traceback
+    assert lines[0].startswith("nemo-azr: error: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["algorithm.estimator=nope"], "algorithm.estimator='nope' is unknown; known: grpo"),
+        (["algorithm.loss=nope"], "algorithm.loss='nope' is unknown; known: gspo"),
+        (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode='mean' is not one of"),
+        (["trainer.max_steps=abc"], "trainer.max_steps"),
+        (["trainer.nonexistent=1"], "Key 'nonexistent' not in 'TrainerConfig'"),
+        (["algorithm=nope"], "Could not find 'algorithm/nope'"),
+        (["trainer.max_steps"], "Error parsing override"),
+        (["generation.n_samples=1"], "needs generation.n_samples >= 2"),
+        (["algorithm.mini_batch_size=7"], "must divide the rows per step"),
+        (["algorithm.dual_clip=true", "algorithm.clip_ratio_c=0.5"], "clip_ratio_c must be > 1"),
+        (["algorithm.kl.estimator=k9"], "algorithm.kl.estimator='k9' is not one of: k1, k2, k3"),
+        (["data.task=jsonl"], "data.task=jsonl needs data.path"),
+        (["data.task=jsonl", "data.path=/nonexistent.jsonl"], "no such file"),
+    ],
+)
+def test_bad_configs_fail_with_one_line(capsys, overrides, expected):
+    assert expected in _cli_error(capsys, *overrides)
+
+
+def test_empty_dataset_is_a_clear_error(capsys, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    line = _cli_error(
+        capsys, "data.task=jsonl", f"data.path={empty}", f"trainer.output_dir={tmp_path}", command="train"
+    )
+    assert "empty" in line or "no rows" in line
+
+
+# --- NaN rewards ---------------------------------------------------------------------------------
+class _NanRewardTask(ArithmeticTask):
+    """Arithmetic whose reward is NaN for the rows the test picks."""
+
+    name = "nan_arithmetic"
+    nan_every = 0  # 0: never; 1: always; k: every k-th call
+
+    def __init__(self, cfg, **kw):
+        super().__init__(cfg, **kw)
+        self.calls = 0
+
+    def reward(self, example, response_text):
+        self.calls += 1
+        if self.nan_every and self.calls % self.nan_every == 0:
+            return math.nan
+        return super().reward(example, response_text)
+
+
+if "nan_arithmetic" not in TASKS:
+    TASKS.register("nan_arithmetic")(_NanRewardTask)
+
+
+def _trainer(tiny_cache, tmp_path, *extra):
+    cfg = load_config(
+        [
+            f"model.tiny.cache_dir={tiny_cache}",
+            "logger=quiet",
+            f"trainer.output_dir={tmp_path}",
+            "data.task=nan_arithmetic",
+            "data.prompts_per_step=2",
+            "generation.n_samples=4",
+            "sft_warmup.steps=0",
+            *extra,
+        ]
+    )
+    return Trainer(cfg)
+
+
+def test_nan_rows_are_dropped_and_counted(tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(_NanRewardTask, "nan_every", 2)
+    trainer = _trainer(tiny_cache, tmp_path, "trainer.max_steps=2")
+    trainer.fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["reward/nonfinite_rows"] for r in records] == [4.0, 4.0]
+    assert all(r["batch/rows"] == 4.0 for r in records)
+    assert all(math.isfinite(r["actor/loss"]) for r in records)
+    for p in trainer.policy.model.parameters():
+        assert torch.isfinite(p).all()
+
+
+def test_all_nan_steps_are_skipped_then_stop(tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(_NanRewardTask, "nan_every", 1)
+    trainer = _trainer(tiny_cache, tmp_path, "trainer.max_steps=5", "trainer.max_skipped_steps=2")
+    before = [p.detach().clone() for p in trainer.policy.model.parameters()]
+    with pytest.raises(RewardError, match="3 steps in a row"):
+        trainer.fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["trainer/step_skipped"] for r in records] == [1.0, 1.0]
+    for a, b in zip(before, trainer.policy.model.parameters()):
+        assert torch.equal(a, b), "a skipped step must not touch the weights"
+
+
+def test_non_numeric_reward_is_an_error(tiny_cache, tmp_path, monkeypatch):
+    monkeypatch.setattr(_NanRewardTask, "reward", lambda self, ex, text: "1.0")
+    trainer = _trainer(tiny_cache, tmp_path, "trainer.max_steps=1")
+    with pytest.raises(RewardError, match="returned reward '1.0' \\(str\\)"):
+        trainer.fit()
+
+
+def test_unknown_names_raise_config_error_in_python_too():
+    with pytest.raises(ConfigError, match="unknown"):
+        load_config(["algorithm.loss=nope"])
