@@ -50,6 +50,11 @@ class GenerationConfig:
 
 
 @dataclass
+class RolloutConfig:
+    workflow: str = "single_turn"  # rollout workflow (registry WORKFLOWS)
+
+
+@dataclass
 class KLConfig:
     coef: float = 0.0  # 0 disables the KL term and the reference policy
     estimator: str = "k3"  # k1 | k2 | k3
@@ -157,6 +162,7 @@ class NemoAzrConfig:
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)

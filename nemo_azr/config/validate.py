@@ -41,6 +41,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         POLICY_BACKENDS,
         POLICY_LOSSES,
         TASKS,
+        WORKFLOWS,
     )
 
     alg, gen, opt, tr = cfg.algorithm, cfg.generation, cfg.optim, cfg.trainer
@@ -50,6 +51,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         ("model.backend", cfg.model.backend, POLICY_BACKENDS),
         ("generation.backend", gen.backend, GENERATION_BACKENDS),
         ("data.task", cfg.data.task, TASKS),
+        ("rollout.workflow", cfg.rollout.workflow, WORKFLOWS),
     ):
         _require(name in registry, f"{key}={name!r} is unknown; known: {', '.join(registry.names())}")
     _one_of("algorithm.loss_agg_mode", alg.loss_agg_mode, AGG_MODES)

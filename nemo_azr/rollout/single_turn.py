@@ -20,7 +20,7 @@ def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
 
 @WORKFLOWS.register("single_turn")
 class SingleTurnWorkflow:
-    def __init__(self, task: Task, tokenizer) -> None:
+    def __init__(self, task: Task, tokenizer, cfg=None) -> None:
         self.task = task
         self.tokenizer = tokenizer
 

@@ -1,8 +1,8 @@
-"""The reward stage: score each row with the task's reward, drop (and count) unusable rewards."""
+"""The reward stage: score rows with the task's reward (unless the workflow already did), then drop
+and count unusable rewards so they never reach an update."""
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -13,9 +13,8 @@ from nemo_azr.errors import RewardError
 from nemo_azr.tasks.base import Task
 
 
-def score_batch(batch: Batch, task: Task) -> tuple[Batch | None, dict[str, float]]:
-    """Adds ``rewards[B]``. Rows whose reward is NaN/inf are removed and counted in
-    ``reward/nonfinite_rows`` (so they never reach the update); returns None if no row is left.
+def score_batch(batch: Batch, task: Task) -> Batch:
+    """Adds ``rewards[B]`` from ``task.reward(example, response_text)`` (values may be NaN/inf).
     A reward that is not a number at all is a bug in the reward function: :class:`RewardError`.
     """
     values = []
@@ -27,10 +26,16 @@ def score_batch(batch: Batch, task: Task) -> tuple[Batch | None, dict[str, float
                 "rewards must be real numbers"
             )
         values.append(float(r))
-    finite = torch.tensor([math.isfinite(v) for v in values], dtype=torch.bool)
-    rewards = torch.tensor([v if math.isfinite(v) else 0.0 for v in values], dtype=torch.float32)
+    batch[F.REWARDS] = torch.tensor(values, dtype=torch.float32)
+    return batch
+
+
+def drop_nonfinite_rewards(batch: Batch) -> tuple[Batch | None, dict[str, float]]:
+    """Rows whose reward is NaN/inf are removed and counted in ``reward/nonfinite_rows``;
+    None when no row is left."""
+    rewards = batch[F.REWARDS]
+    finite = torch.isfinite(rewards)
     metrics = {"reward/nonfinite_rows": float((~finite).sum())}
-    batch[F.REWARDS] = rewards
     if bool(finite.all()):
         return batch, metrics
     if not bool(finite.any()):

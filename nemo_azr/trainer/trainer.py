@@ -20,15 +20,14 @@ from nemo_azr.contracts import Batch, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import CheckpointError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
-from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS
+from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
 from nemo_azr.rollout.hf_backend import sampling_from_config
-from nemo_azr.rollout.single_turn import SingleTurnWorkflow
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
 from nemo_azr.trainer.checkpoint import Checkpointer, checkpoint_step, resolve_resume
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.preemption import PreemptionFlag
-from nemo_azr.trainer.rewards import score_batch
+from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.seeding import rng_state, seed_everything, set_rng_state, step_seed
 from nemo_azr.trainer.sft import run_sft_warmup
 
@@ -79,7 +78,7 @@ class Trainer:
         self.loader = PromptLoader(
             self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed
         )
-        self.workflow = SingleTurnWorkflow(self.task, self.tokenizer)
+        self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
         self.estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
 
         policy_cls = POLICY_BACKENDS.get(cfg.model.backend)
@@ -147,9 +146,12 @@ class Trainer:
         examples = self.loader.next_batch()
         batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
         validate_batch(batch, "rollout")
+        metrics.update(batch.info.get("metrics", {}))
         t_rollout = time.perf_counter()
 
-        batch, reward_metrics = score_batch(batch, self.task)
+        if F.REWARDS not in batch.tensors:  # a workflow may fuse rollout and reward
+            batch = score_batch(batch, self.task)
+        batch, reward_metrics = drop_nonfinite_rewards(batch)
         metrics.update(reward_metrics)
         if batch is None:
             return self._skip(step, metrics, "every reward was NaN/inf")
@@ -216,7 +218,9 @@ class Trainer:
         """ReMax: the reward of one greedy rollout per prompt, broadcast to the prompt's rows."""
         greedy = sampling_from_config(self.cfg.generation, n=1, greedy=True)
         base = self.workflow.run(examples, self.backend, greedy, step=step)
-        base, _ = score_batch(base, self.task)
+        if F.REWARDS not in base.tensors:
+            base = score_batch(base, self.task)
+        base, _ = drop_nonfinite_rewards(base)
         if base is None:
             raise RewardError("the greedy baseline rollout got only NaN/inf rewards")
         by_prompt = {g: float(r) for g, r in zip(base[F.GROUP_ID], base[F.REWARDS])}
