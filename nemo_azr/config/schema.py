@@ -81,6 +81,7 @@ class AlgorithmConfig:
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole batch
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation inside)
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
+    reuse_update_logprobs: bool = True  # single on-policy step: old log-probs = the update's own (detached)
     shuffle_mini_batches: bool = True
 
 
@@ -157,6 +158,47 @@ class LoggerConfig:
 
 
 @dataclass
+class RLCRConfig:
+    """RLCR (seed 003): answer + confidence with a Brier reward; used by the ``rlcr_*`` workflows."""
+
+    multi_turn: bool = True  # two turns (answer, then confidence); false: the paper's single turn
+    num_generations_answer: int = 4  # G_a: answers per prompt (turn 1)
+    num_generations_confidence: int = 2  # G_c: confidences per answer (turn 2)
+    lambda_ans: float = 1.0  # scale of answer advantages
+    lambda_conf: float = 1.0  # scale of confidence advantages
+    scale_std: bool = True  # divide by the group std (else only subtract the mean)
+    eps: float = 1e-6  # added to std before dividing
+    conf_prompt_level_norm: bool = False  # second stage: re-normalise confidences per prompt
+    confidence_prompt: str = (
+        "How sure are you that your answer is right? "
+        "Reply <analysis>...</analysis><confidence>p</confidence> with p in [0, 1]."
+    )
+    answer_max_new_tokens: int = 0  # turn-1 length limit; 0 -> generation.max_new_tokens
+    confidence_max_new_tokens: int = 0  # turn-2 length limit; 0 -> generation.max_new_tokens
+    answer_match: str = "auto"  # auto | math | qa
+    qa_match: str = "exact"  # exact | f1 (non-math gold answers)
+    f1_threshold: float = 0.5  # qa_match=f1: correct when token F1 >= this
+    format_weight: float = 0.5  # single-turn reward weights
+    accuracy_weight: float = 1.0
+    brier_weight: float = 1.0
+    warmup_wrong_frac: float = 0.3  # share of deliberately wrong answers in the warm-up targets
+
+
+@dataclass
+class EvalConfig:
+    """``nemo-azr eval``: calibration of an RLCR policy (no training)."""
+
+    checkpoint: str = "auto"  # auto: newest in trainer.output_dir | model: model.path | a folder
+    output_dir: str = ""  # "" -> <trainer.output_dir>/eval
+    num_examples: int = 0  # prompts evaluated (seeded subset); 0 = all of the task
+    answers_per_prompt: int = 4  # G_a (two-turn) or samples per prompt (single-turn)
+    confidences_per_answer: int = 1  # G_c (two-turn)
+    prompts_per_batch: int = 64  # prompts per rollout call
+    n_bins: int = 10  # equal-width ECE / reliability bins
+    greedy: bool = False  # argmax decoding instead of sampling at generation.temperature
+
+
+@dataclass
 class NemoAzrConfig:
     experiment_name: str = "default"
     seed: int = 0
@@ -169,4 +211,6 @@ class NemoAzrConfig:
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    rlcr: RLCRConfig = field(default_factory=RLCRConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form, for user plug-ins

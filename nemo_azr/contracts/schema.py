@@ -18,6 +18,9 @@ from nemo_azr.contracts.batch import Batch
 from nemo_azr.errors import BatchContractError
 
 STAGES = ("rollout", "reward", "advantage", "update")
+#: ``batch.info`` flag: the update takes old log-probs from its own forward pass (a single on-policy
+#: optimizer step, where they equal the current log-probs), so ``old_logprobs`` is not required.
+OLD_LOGPROBS_FROM_UPDATE = "old_logprobs_from_update"
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ def validate_batch(batch: Batch, stage: str, *, extra: Iterable[str] = ()) -> No
         raise BatchContractError(f"stage {stage!r}: batch is empty")
     for s in STAGES[: STAGES.index(stage) + 1]:
         for spec in STAGE_SPECS[s]:
+            if spec.key == F.OLD_LOGPROBS and batch.info.get(OLD_LOGPROBS_FROM_UPDATE):
+                continue
             if isinstance(spec, MetaSpec):
                 if spec.key not in batch.meta:
                     raise BatchContractError(

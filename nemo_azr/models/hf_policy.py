@@ -149,9 +149,16 @@ class HFPolicy:
                 step_metrics: dict[str, float] = defaultdict(float)
                 for micro in mb.split(alg.micro_batch_size):
                     weight = float(micro[F.LOSS_MASK].sum()) / n_tok
+                    logprobs = self.token_logprobs(micro)
+                    # On-policy single step: old log-probs are the current ones (see the trainer).
+                    old = (
+                        micro[F.OLD_LOGPROBS].to(self.device)
+                        if F.OLD_LOGPROBS in micro
+                        else logprobs.detach()
+                    )
                     loss, m = policy_objective(
-                        logprobs=self.token_logprobs(micro),
-                        old_logprobs=micro[F.OLD_LOGPROBS].to(self.device),
+                        logprobs=logprobs,
+                        old_logprobs=old,
                         advantages=micro[F.ADVANTAGES].to(self.device),
                         loss_mask=micro[F.LOSS_MASK].to(self.device),
                         cfg=alg,

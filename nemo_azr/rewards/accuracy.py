@@ -10,6 +10,7 @@ and refusing expressions whose evaluation could take forever, like ``10**10**10`
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import string
@@ -25,6 +26,7 @@ MAX_EXPONENT = 1_000  # |exponent| above this (or a power tower) could take fore
 MAX_COMBINATORIAL_ARG = 1_000  # factorial(10**6) etc.
 MAX_EXPRESSION_NODES = 2_000
 SIGNAL_TIMEOUT_S = 5  # math-verify's own alarm, used in the main thread only
+VERIFY_CACHE_SIZE = 65_536  # (gold, answer) pairs; a few MB at most
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -67,8 +69,13 @@ def _is_tame(expr: object) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=VERIFY_CACHE_SIZE)
 def _math_verify(gold: str, answer: str) -> float | None:
-    """1.0/0.0 from math-verify, or None when the gold answer is not parseable as math."""
+    """1.0/0.0 from math-verify, or None when the gold answer is not parseable as math.
+
+    Cached: RL samples many identical answers per prompt, and parsing dominates reward time.
+    Exceptions (time-outs) propagate and are not cached.
+    """
     in_main_thread = threading.current_thread() is threading.main_thread()
     timeout = SIGNAL_TIMEOUT_S if in_main_thread else None
     gold_parsed = parse(gold, parsing_timeout=timeout)

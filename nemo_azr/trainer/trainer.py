@@ -18,6 +18,7 @@ from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, validate_batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
 from nemo_azr.errors import CheckpointError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
@@ -162,6 +163,8 @@ class Trainer:
 
         if alg.use_rollout_logprobs:
             batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
+        elif self._old_logprobs_from_update(len(batch)):
+            batch.info[OLD_LOGPROBS_FROM_UPDATE] = True
         else:
             batch[F.OLD_LOGPROBS] = self.policy.compute_logprobs(batch)
         if self.ref is not None:
@@ -201,6 +204,14 @@ class Trainer:
             }
         )
         return metrics
+
+    def _old_logprobs_from_update(self, rows: int) -> bool:
+        """True when the update is one on-policy optimizer step over the whole batch: the old
+        log-probs then equal the current ones, so the separate no-grad forward pass is skipped."""
+        alg = self.cfg.algorithm
+        single_step = alg.ppo_epochs == 1 and alg.mini_batch_size in (0, rows)
+        needs_old_before_update = self.ref is not None and alg.kl.mode == "reward"
+        return alg.reuse_update_logprobs and single_step and not needs_old_before_update
 
     def _skip(self, step: int, metrics: dict[str, float], why: str) -> dict[str, float]:
         self.state.skipped_steps += 1

@@ -181,3 +181,27 @@ def test_gradient_accumulation_equals_one_big_micro_batch(tiny_model_path, setup
     assert any(g.abs().sum() > 0 for g in grads[0])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_on_policy_update_without_old_logprobs_matches_explicit_pass(tiny_model_path, setup):
+    """A single on-policy step may take old log-probs from its own forward: same gradients."""
+    _cfg, tok, _policy, _backend, prompts = setup
+    grads = []
+    for explicit in (True, False):
+        cfg = NemoAzrConfig()
+        cfg.algorithm.micro_batch_size = 5
+        cfg.algorithm.shuffle_mini_batches = False
+        pol = HFPolicy(tiny_model_path, cfg, trainable=True)
+        pol.setup_optimizer(total_steps=1)
+        batch = _rl_batch(tok, prompts, seed=3)
+        if explicit:
+            batch["old_logprobs"] = pol.compute_logprobs(batch)
+        captured = []
+        pol._clip_and_step = lambda pol=pol, captured=captured: (
+            captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
+        )
+        metrics = pol.update(batch, norm_length=8)
+        assert metrics["actor/clip_frac"] == 0.0
+        grads.append(captured[0])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
