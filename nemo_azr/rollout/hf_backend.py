@@ -23,7 +23,7 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = cum - sorted_logits.softmax(-1) > top_p  # keep the token that crosses top_p
+        drop_sorted = cum - sorted_logits.softmax(-1) >= top_p  # mass before it already reaches top_p
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -95,12 +95,16 @@ class HFGenerationBackend:
         for t in range(sp.max_new_tokens):
             logits = out.logits[:, -1, :].float()
             if sp.greedy:
+                all_logp = logits.log_softmax(-1)
                 tok = logits.argmax(-1)
-                logp = logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
             else:
-                scaled = logits / sp.temperature
-                tok = torch.multinomial(_filter_logits(scaled, sp.top_k, sp.top_p).softmax(-1), 1)[:, 0]
-                logp = scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+                all_logp = (logits / sp.temperature).log_softmax(-1)
+                if sp.top_k > 0 or sp.top_p < 1.0:
+                    probs = _filter_logits(all_logp, sp.top_k, sp.top_p).softmax(-1)
+                else:
+                    probs = all_logp.exp()  # one pass over [B, V] fewer than softmax(logits)
+                tok = torch.multinomial(probs, 1)[:, 0]
+            logp = all_logp.gather(-1, tok[:, None])[:, 0]
             tok = tok.masked_fill(done, self.pad_id)
             tokens[:, t] = tok
             logps[:, t] = logp.masked_fill(done, 0.0)

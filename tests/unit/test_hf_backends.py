@@ -205,3 +205,18 @@ def test_on_policy_update_without_old_logprobs_matches_explicit_pass(tiny_model_
         grads.append(captured[0])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8)
+
+
+def test_top_k_top_p_filtering_by_hand():
+    from nemo_azr.rollout.hf_backend import _filter_logits
+
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    out = _filter_logits(logits, top_k=2, top_p=1.0)
+    assert torch.isinf(out[0, [0, 3]]).all() and out[0, 1] == 4.0 and out[0, 2] == 3.0
+    # probs 0.5, 0.3, 0.2 (order shuffled): top_p=0.6 keeps 0.5 and 0.3 (the token crossing 0.6)
+    logp = torch.log(torch.tensor([[0.3, 0.2, 0.5]]))
+    kept = ~torch.isinf(_filter_logits(logp, top_k=0, top_p=0.6))
+    assert kept.tolist() == [[True, False, True]]
+    # top_p=0.5: the first token alone already holds 0.5
+    kept = ~torch.isinf(_filter_logits(logp, top_k=0, top_p=0.5))
+    assert kept.tolist() == [[False, False, True]]
