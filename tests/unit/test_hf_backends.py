@@ -220,3 +220,15 @@ def test_top_k_top_p_filtering_by_hand():
     # top_p=0.5: the first token alone already holds 0.5
     kept = ~torch.isinf(_filter_logits(logp, top_k=0, top_p=0.5))
     assert kept.tolist() == [[False, False, True]]
+
+
+def test_inverse_cdf_sampling_matches_the_distribution():
+    from nemo_azr.rollout.hf_backend import _inverse_cdf_sample
+
+    torch.manual_seed(0)
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3]).repeat(20000, 1)
+    counts = torch.bincount(_inverse_cdf_sample(probs), minlength=4).float() / 20000
+    assert counts[1] == 0  # zero-probability entries are never drawn
+    # each frequency within 4 standard errors of its probability
+    for p, c in zip([0.1, 0.6, 0.3], counts[[0, 2, 3]]):
+        assert abs(c - p) < 4 * (p * (1 - p) / 20000) ** 0.5
