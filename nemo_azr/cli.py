@@ -1,4 +1,4 @@
-"""``nemo-azr`` command line: ``train``, ``make-tiny-model``, ``show-config``.
+"""``nemo-azr`` command line: ``train``, ``eval``, ``make-tiny-model``, ``show-config``.
 
 Everything after the sub-command is a Hydra override (``trainer.max_steps=50 algorithm=rloo``).
 User-facing problems print one ``nemo-azr: error: ...`` line and exit with status 2.
@@ -46,8 +46,22 @@ def _make_tiny_model(overrides: list[str]) -> int:
     return 0
 
 
+def _eval(overrides: list[str]) -> int:
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.rlcr.evaluate import run_eval
+
+    result = run_eval(load_config(overrides))
+    summary = ", ".join(
+        f"{k}={result[k]:.4g}" if isinstance(result[k], float) else f"{k}={result[k]}"
+        for k in ("answer_accuracy", "ece", "brier", "auroc", "mean_confidence")
+    )
+    print(f"eval of {result['checkpoint']}: {summary}; written to {result['output_dir']}")
+    return 0
+
+
 COMMANDS = {
     "train": (_train, "run RL training (default: tiny model, arithmetic, CPU)"),
+    "eval": (_eval, "RLCR calibration of a checkpoint: metrics.json + reliability diagram"),
     "show-config": (_show_config, "print the composed, validated config"),
     "make-tiny-model": (
         _make_tiny_model,

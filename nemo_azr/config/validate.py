@@ -31,10 +31,12 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     # Importing these packages fills the registries the names below are checked against.
     import nemo_azr.algorithms  # noqa: F401
     import nemo_azr.models  # noqa: F401
+    import nemo_azr.rlcr  # noqa: F401
     import nemo_azr.rollout  # noqa: F401
     import nemo_azr.tasks  # noqa: F401
     from nemo_azr.algorithms.aggregation import AGG_MODES
     from nemo_azr.algorithms.kl import KL_ESTIMATORS
+    from nemo_azr.kernels.backend import BACKENDS as KERNEL_BACKENDS
     from nemo_azr.registry import (
         ADVANTAGE_ESTIMATORS,
         GENERATION_BACKENDS,
@@ -78,7 +80,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     if cfg.data.task == "jsonl":
         _require(bool(cfg.data.path), "data.task=jsonl needs data.path=/path/to/file.jsonl")
         _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path!r}: no such file")
-    rows = cfg.data.prompts_per_step * gen.n_samples
+    rows, rows_desc = _rows_per_step(cfg)
     _require(alg.ppo_epochs >= 1, f"algorithm.ppo_epochs must be >= 1, got {alg.ppo_epochs}")
     _require(
         alg.micro_batch_size >= 1, f"algorithm.micro_batch_size must be >= 1, got {alg.micro_batch_size}"
@@ -88,7 +90,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         _require(
             rows % alg.mini_batch_size == 0,
             f"algorithm.mini_batch_size={alg.mini_batch_size} must divide the rows per step "
-            f"(data.prompts_per_step x generation.n_samples = {rows})",
+            f"({rows_desc} = {rows})",
         )
     _require(alg.clip_ratio_low >= 0 and alg.clip_ratio_high >= 0, "algorithm.clip_ratio_* must be >= 0")
     if alg.dual_clip:
@@ -115,7 +117,87 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(bool(tr.output_dir), "trainer.output_dir must be set")
     _require(tr.max_skipped_steps >= 0, "trainer.max_skipped_steps must be >= 0")
     _require(cfg.model.logprob_chunk_size >= 0, "model.logprob_chunk_size must be >= 0 (0 = auto)")
+    _one_of("model.kernel_backend", cfg.model.kernel_backend, KERNEL_BACKENDS)
     _require(
         cfg.sft_warmup.steps >= 0 and cfg.sft_warmup.batch_size >= 1, "sft_warmup.steps >= 0, batch_size >= 1"
     )
     _require(cfg.logger.console_interval >= 1, "logger.console_interval must be >= 1")
+    _validate_eval(cfg)
+    if cfg.rollout.workflow in ("rlcr", "rlcr_two_turn", "rlcr_single_turn"):
+        _validate_rlcr(cfg)
+    else:
+        _require(
+            alg.estimator != "rlcr_hierarchical",
+            "algorithm.estimator=rlcr_hierarchical needs rollout.workflow=rlcr_two_turn (answer and "
+            "confidence rows with subgroup ids)",
+        )
+
+
+def _rows_per_step(cfg: NemoAzrConfig) -> tuple[int, str]:
+    """Rows of one step's batch and how they are counted (RLCR two-turn: G_a answers + G_a x G_c confidences)."""
+    r = cfg.rlcr
+    if cfg.rollout.workflow == "rlcr_two_turn" or (cfg.rollout.workflow == "rlcr" and r.multi_turn):
+        per_prompt = r.num_generations_answer * (1 + r.num_generations_confidence)
+        return cfg.data.prompts_per_step * per_prompt, "data.prompts_per_step x G_a x (1 + G_c)"
+    return (
+        cfg.data.prompts_per_step * cfg.generation.n_samples,
+        "data.prompts_per_step x generation.n_samples",
+    )
+
+
+def _validate_rlcr(cfg: NemoAzrConfig) -> None:
+    """RLCR keys, checked only when an rlcr workflow is selected."""
+    r, wf = cfg.rlcr, cfg.rollout.workflow
+    _require(
+        not (wf == "rlcr_two_turn" and not r.multi_turn) and not (wf == "rlcr_single_turn" and r.multi_turn),
+        f"rollout.workflow={wf} contradicts rlcr.multi_turn={r.multi_turn}; set both consistently "
+        "(or use rollout.workflow=rlcr, which follows rlcr.multi_turn)",
+    )
+    two_turn = wf == "rlcr_two_turn" or (wf == "rlcr" and r.multi_turn)
+    _one_of("rlcr.answer_match", r.answer_match, ("auto", "math", "qa"))
+    _one_of("rlcr.qa_match", r.qa_match, ("exact", "f1"))
+    _require(0 < r.f1_threshold <= 1, f"rlcr.f1_threshold must be in (0, 1], got {r.f1_threshold}")
+    _require(r.eps >= 0, f"rlcr.eps must be >= 0, got {r.eps}")
+    _require(
+        0 <= r.warmup_wrong_frac <= 1, f"rlcr.warmup_wrong_frac must be in [0, 1], got {r.warmup_wrong_frac}"
+    )
+    _require(
+        r.answer_max_new_tokens >= 0 and r.confidence_max_new_tokens >= 0,
+        "rlcr.answer_max_new_tokens / confidence_max_new_tokens must be >= 0 (0 = generation.max_new_tokens)",
+    )
+    if two_turn:
+        _require(
+            cfg.algorithm.estimator == "rlcr_hierarchical",
+            f"rollout.workflow={wf} (two turns) needs algorithm.estimator=rlcr_hierarchical, got "
+            f"{cfg.algorithm.estimator!r}: a flat estimator would mix answer and confidence rewards",
+        )
+        _require(
+            r.num_generations_answer >= 2,
+            f"rlcr.num_generations_answer (G_a) must be >= 2 to normalise answers per prompt, got {r.num_generations_answer}",
+        )
+        _require(
+            r.num_generations_confidence >= 2,
+            "rlcr.num_generations_confidence (G_c) must be >= 2 to normalise confidences per answer, "
+            f"got {r.num_generations_confidence}",
+        )
+        _require(bool(r.confidence_prompt.strip()), "rlcr.confidence_prompt must not be empty")
+    else:
+        _require(
+            cfg.algorithm.estimator != "rlcr_hierarchical",
+            "algorithm.estimator=rlcr_hierarchical needs the two-turn rollout; the single turn uses a "
+            "group-mean baseline (e.g. algorithm.estimator=grpo)",
+        )
+        for key in ("format_weight", "accuracy_weight", "brier_weight"):
+            _require(getattr(r, key) >= 0, f"rlcr.{key} must be >= 0, got {getattr(r, key)}")
+
+
+def _validate_eval(cfg: NemoAzrConfig) -> None:
+    ev = cfg.eval
+    _require(bool(ev.checkpoint), "eval.checkpoint must be auto, model or a checkpoint/model folder")
+    _require(ev.num_examples >= 0, f"eval.num_examples must be >= 0 (0 = all), got {ev.num_examples}")
+    _require(
+        ev.answers_per_prompt >= 1 and ev.confidences_per_answer >= 1,
+        "eval.answers_per_prompt and eval.confidences_per_answer must be >= 1",
+    )
+    _require(ev.prompts_per_batch >= 1, f"eval.prompts_per_batch must be >= 1, got {ev.prompts_per_batch}")
+    _require(ev.n_bins >= 1, f"eval.n_bins must be >= 1, got {ev.n_bins}")

@@ -7,6 +7,7 @@ short warm-up teaches the output format (and some of the task), after which RL i
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,9 +22,19 @@ SFT_SEED_SALT = 7907
 
 
 def run_sft_warmup(
-    policy, task: Task, tokenizer, cfg: NemoAzrConfig, on_step: Callable[[int, float], None] | None = None
+    policy,
+    task: Task,
+    tokenizer,
+    cfg: NemoAzrConfig,
+    on_step: Callable[[int, float], None] | None = None,
+    *,
+    workflow: Any = None,
 ) -> list[float]:
-    """Returns the loss of each warm-up step."""
+    """Returns the loss of each warm-up step.
+
+    A workflow with ``sft_pairs(examples) -> [(prompt ids, target ids)]`` supplies its own targets
+    (e.g. RLCR's two turns); otherwise the target is ``task.reference_response`` after the prompt.
+    """
     wcfg = cfg.sft_warmup
     loader = PromptLoader(task.examples, wcfg.batch_size, shuffle=True, seed=cfg.seed + SFT_SEED_SALT)
     optimizer = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=wcfg.lr)
@@ -31,12 +42,15 @@ def run_sft_warmup(
     losses = []
     for i in range(wcfg.steps):
         examples = loader.next_batch()
-        prompts = [encode_prompt(tokenizer, task.messages(ex)) for ex in examples]
-        targets = [
-            tokenizer(task.reference_response(ex), add_special_tokens=False)["input_ids"]
-            + [tokenizer.eos_token_id]
-            for ex in examples
-        ]
+        if hasattr(workflow, "sft_pairs"):
+            prompts, targets = (list(x) for x in zip(*workflow.sft_pairs(examples)))
+        else:
+            prompts = [encode_prompt(tokenizer, task.messages(ex)) for ex in examples]
+            targets = [
+                tokenizer(task.reference_response(ex), add_special_tokens=False)["input_ids"]
+                + [tokenizer.eos_token_id]
+                for ex in examples
+            ]
         batch = Batch(pack_prompt_response(prompts, targets, None, pad_id=pad))
         losses.append(policy.sft_step(batch, optimizer))
         if on_step is not None:

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 import nemo_azr.algorithms  # noqa: F401  (registers estimators and losses)
+import nemo_azr.rlcr  # noqa: F401  (registers the RLCR workflows and estimator)
 import nemo_azr.rollout  # noqa: F401  (registers generation backends)
 from nemo_azr.algorithms.objective import apply_kl_reward_penalty
 from nemo_azr.config.loader import to_yaml
@@ -96,7 +97,9 @@ class Trainer:
 
     def _optimizer_steps_total(self) -> int:
         alg = self.cfg.algorithm
-        rows = self.cfg.data.prompts_per_step * self.cfg.generation.n_samples
+        # A workflow may produce more rows per prompt than n_samples (RLCR two-turn: G_a + G_a x G_c).
+        per_prompt = getattr(self.workflow, "rows_per_prompt", self.cfg.generation.n_samples)
+        rows = self.cfg.data.prompts_per_step * per_prompt
         per_step = alg.ppo_epochs * max(1, rows // (alg.mini_batch_size or rows))
         return per_step * self.cfg.trainer.max_steps
 
@@ -258,6 +261,15 @@ class Trainer:
             "batch/tokens": float(mask.sum()),
         }
 
+    def setup_generation(self) -> None:
+        """Create the generation backend from the current policy weights (``fit`` calls this after
+        a resume or the warm-up; call it yourself to drive ``train_step`` directly)."""
+        cfg = self.cfg
+        self.backend = GENERATION_BACKENDS.get(cfg.generation.backend)(
+            self.policy.model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size
+        )
+        self.backend.version = self.state.policy_version
+
     # --- the loop --------------------------------------------------------------------------------
     def fit(self) -> FitResult:
         cfg = self.cfg
@@ -267,14 +279,11 @@ class Trainer:
             self.load_checkpoint(resume)
             logger_msgs.append(f"resumed from {resume} (step {self.state.step})")
         elif cfg.sft_warmup.steps > 0:
-            losses = run_sft_warmup(self.policy, self.task, self.tokenizer, cfg)
+            losses = run_sft_warmup(self.policy, self.task, self.tokenizer, cfg, workflow=self.workflow)
             logger_msgs.append(
                 f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
             )
-        self.backend = GENERATION_BACKENDS.get(cfg.generation.backend)(
-            self.policy.model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size
-        )
-        self.backend.version = self.state.policy_version
+        self.setup_generation()
 
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
         logger = MetricsLogger(

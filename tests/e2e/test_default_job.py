@@ -23,7 +23,7 @@ def test_default_job_raises_reward(tiny_cache, tmp_path):
         "logger.wandb.mode=offline",
         "logger.console=false",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = read_metrics(out / "metrics.jsonl")
     rewards = [r["reward/mean"] for r in records]

@@ -1,0 +1,126 @@
+"""Hierarchical RLCR advantages (seed 003).
+
+Answers: ``A_ans[j,k] = (acc[j,k] - mean_j) / (std_j + eps)`` over the ``G_a`` answers of prompt ``j``.
+Confidences: ``A_conf[j,k,h] = (conf[j,k,h] - mean_jk) / (std_jk + eps)`` over the ``G_c`` confidences
+of answer ``(j, k)`` only, so no confidence advantage depends on another answer's confidences.
+Optionally (``conf_prompt_level_norm``) a second stage re-normalises the stage-one confidence
+advantages over all confidences of the prompt. Then ``lambda_ans`` / ``lambda_conf`` scale them and
+they are projected onto each row's span mask (``loss_mask``).
+
+Population std (1/G), as the seed writes it. A group whose rewards are all equal gets exactly 0
+(never rounding noise divided by eps). With ``scale_std=False`` only the mean is subtracted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import torch
+
+from nemo_azr.algorithms.advantages import ADVANTAGE_DTYPE, STATS_DTYPE, advantage_estimator, sequence_rewards
+from nemo_azr.algorithms.grouping import group_index, group_mean, group_range, group_std
+from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
+from nemo_azr.contracts import Batch, SampleType
+from nemo_azr.contracts import fields as F
+from nemo_azr.errors import BatchContractError
+
+#: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
+RLCR_INFO_KEY = "rlcr"
+
+Ids = Sequence[Hashable] | torch.Tensor
+
+
+def _as_ids(ids: Ids) -> list[Hashable]:
+    return ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+
+
+def group_normalize(
+    rewards: torch.Tensor | Sequence[float], ids: Ids, *, scale_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """``(r - mean_g) / (std_g + eps)`` (or ``r - mean_g``) per group of equal ``ids``; ``out[N]`` float32.
+
+    Groups come from the ids only (rows of a group need not be adjacent). Constant groups get 0.
+    """
+    values = torch.as_tensor(rewards, dtype=STATS_DTYPE).reshape(-1)
+    ids = _as_ids(ids)
+    if len(ids) != values.numel():
+        raise BatchContractError(f"{values.numel()} rewards but {len(ids)} group ids")
+    if values.numel() == 0:
+        return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
+    index = group_index(ids)
+    num_groups = int(index.max()) + 1
+    mean = group_mean(values, index, num_groups)
+    deviation = values - mean[index]
+    if scale_std:
+        std = group_std(values, index, num_groups, mean=mean)
+        deviation = deviation / (std[index] + eps)
+    constant = group_range(values, index, num_groups)[index] == 0
+    return torch.where(constant, 0.0, deviation).to(ADVANTAGE_DTYPE)
+
+
+def answer_advantages(
+    rewards: torch.Tensor | Sequence[float], prompt_ids: Ids, scale_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """``A_ans[N]``: accuracy rewards of answer rows normalised per prompt over its ``G_a`` answers."""
+    return group_normalize(rewards, prompt_ids, scale_std=scale_std, eps=eps)
+
+
+def confidence_advantages(
+    rewards: torch.Tensor | Sequence[float],
+    answer_ids: Ids,
+    scale_std: bool = True,
+    eps: float = 1e-6,
+    *,
+    prompt_ids: Ids | None = None,
+) -> torch.Tensor:
+    """``A_conf[N]``: Brier rewards of confidence rows normalised per answer over its ``G_c`` confidences.
+
+    Never mixed across answers. With ``prompt_ids`` the stage-one advantages are normalised again
+    over each prompt's confidences (seed 003's optional prompt-level stage; it shares one scale per
+    prompt, so it is off by default).
+    """
+    advantages = group_normalize(rewards, answer_ids, scale_std=scale_std, eps=eps)
+    if prompt_ids is not None:
+        advantages = group_normalize(advantages, prompt_ids, scale_std=scale_std, eps=eps)
+    return advantages
+
+
+@advantage_estimator("rlcr_hierarchical", required_meta=(F.GROUP_ID, F.SUBGROUP_ID, F.SAMPLE_TYPE))
+def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Answer rows per prompt (``group_id``), confidence rows per answer (``subgroup_id``), scaled by
+    ``lambda_ans`` / ``lambda_conf``, projected onto ``loss_mask``: ``advantages[B, T]``.
+
+    Settings come from ``batch.info["rlcr"]`` (an :class:`RLCRConfig` set by the RLCR workflows);
+    without it the :class:`RLCRConfig` defaults apply.
+    """
+    settings = batch.info.get(RLCR_INFO_KEY) or RLCRConfig()
+    types = batch.meta[F.SAMPLE_TYPE]
+    known = {SampleType.ANSWER.value, SampleType.CONFIDENCE.value}
+    unknown = sorted({str(t) for t in types} - known)
+    if unknown:
+        raise BatchContractError(
+            f"advantage estimator 'rlcr_hierarchical': sample_type must be answer|confidence, got {unknown}"
+        )
+    rewards = sequence_rewards(batch).to(STATS_DTYPE).cpu()
+    is_answer = [t == SampleType.ANSWER.value for t in types]
+    ans_rows = [i for i, a in enumerate(is_answer) if a]
+    conf_rows = [i for i, a in enumerate(is_answer) if not a]
+    groups, subgroups = batch.meta[F.GROUP_ID], batch.meta[F.SUBGROUP_ID]
+
+    row = torch.zeros(len(batch), dtype=ADVANTAGE_DTYPE)
+    if ans_rows:
+        row[ans_rows] = settings.lambda_ans * answer_advantages(
+            rewards[ans_rows], [groups[i] for i in ans_rows], settings.scale_std, settings.eps
+        )
+    if conf_rows:
+        prompt_ids = [groups[i] for i in conf_rows] if settings.conf_prompt_level_norm else None
+        row[conf_rows] = settings.lambda_conf * confidence_advantages(
+            rewards[conf_rows],
+            [subgroups[i] for i in conf_rows],
+            settings.scale_std,
+            settings.eps,
+            prompt_ids=prompt_ids,
+        )
+    mask = batch.tensors[F.LOSS_MASK].bool().to(ADVANTAGE_DTYPE)
+    advantages = row.to(mask.device).unsqueeze(1) * mask
+    return advantages, advantages.clone()

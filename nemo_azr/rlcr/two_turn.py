@@ -1,0 +1,203 @@
+"""``rlcr_two_turn``: seed 003's multi-turn rollout (prompt -> G_a answers -> G_c confidences each).
+
+Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``). Turn 2 puts each answer
+back into the conversation as the assistant turn, adds the confidence request, and samples ``G_c``
+confidences per answer; all (prompt, answer) pairs go into ONE generate call. Rewards are fused into
+the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
+
+Rows: ``sample_type`` answer | confidence, ``group_id`` = prompt, ``subgroup_id`` = answer,
+``role`` = solver, ``loss_mask`` = the span masks ``M_ans`` / ``M_conf``. Answer rows come first,
+then confidence rows; each kind is packed on its own and the two are stacked (right-padded), so the
+short answer rows do not carry the long turn-2 prompt's padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Sequence
+
+from nemo_azr.contracts import Batch, SampleType
+from nemo_azr.contracts import fields as F
+from nemo_azr.rlcr.advantages import RLCR_INFO_KEY
+from nemo_azr.rlcr.common import (
+    ANSWER_CORRECT,
+    CONFIDENCE,
+    FORMAT_OK,
+    HAS_CONFIDENCE,
+    RowBuffer,
+    calibration_step_metrics,
+    continue_conversation,
+    pad_id,
+    rlcr_settings,
+    spread_fraction,
+    turn_metrics,
+    turn_suffix_ids,
+)
+from nemo_azr.rlcr.parsing import answer_format_ok, parse_confidence
+from nemo_azr.rlcr.rewards import answer_accuracy, brier_reward
+from nemo_azr.rlcr.spans import answer_span_mask, confidence_span_mask
+from nemo_azr.rlcr.warmup import answer_target, confidence_target
+from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, SamplingParams
+from nemo_azr.rollout.single_turn import encode_prompt
+from nemo_azr.tasks.base import Example, Task
+
+WARMUP_SEED_SALT = 4099
+
+
+class TwoTurnRLCRWorkflow:
+    def __init__(self, task: Task, tokenizer, cfg=None) -> None:
+        self.task = task
+        self.tokenizer = tokenizer
+        self.settings = rlcr_settings(cfg)
+        self.suffix_ids = turn_suffix_ids(tokenizer, self.settings.confidence_prompt)
+        seed = getattr(cfg, "seed", 0)
+        self._warmup_rng = random.Random(seed + WARMUP_SEED_SALT)
+
+    @property
+    def rows_per_prompt(self) -> int:
+        """Rows one prompt contributes: G_a answers + G_a x G_c confidences."""
+        g_a, g_c = self.settings.num_generations_answer, self.settings.num_generations_confidence
+        return g_a * (1 + g_c)
+
+    def _accuracy(self, example: Example, text: str) -> float:
+        s = self.settings
+        return answer_accuracy(
+            example.answer,
+            text,
+            answer_match=s.answer_match,
+            qa_match=s.qa_match,
+            f1_threshold=s.f1_threshold,
+        )
+
+    def run(
+        self, examples: Sequence[Example], backend: GenerationBackend, sampling: SamplingParams, *, step: int
+    ) -> Batch:
+        s, tok = self.settings, self.tokenizer
+        # --- turn 1: G_a answers per prompt ----------------------------------------------------
+        prompt_ids = [encode_prompt(tok, self.task.messages(ex)) for ex in examples]
+        answer_sampling = dataclasses.replace(
+            sampling,
+            n=s.num_generations_answer,
+            max_new_tokens=s.answer_max_new_tokens or sampling.max_new_tokens,
+        )
+        requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompt_ids)]
+        turn1 = backend.generate(requests, answer_sampling)
+
+        answers = RowBuffer()
+        pairs = []  # (prompt index, answer id, turn-2 context ids, accuracy)
+        for i, (ex, out) in enumerate(zip(examples, turn1)):
+            group = f"s{step}-p{i}"
+            for k, sample in enumerate(out.samples):
+                answer_id = f"{group}-a{k}"
+                acc = self._accuracy(ex, sample.text)
+                answers.add(
+                    prompt_ids[i],
+                    sample,
+                    reward=acc,
+                    span_mask=answer_span_mask(sample.token_ids, tok),
+                    **{
+                        F.UID: answer_id,
+                        F.GROUP_ID: group,
+                        F.SUBGROUP_ID: answer_id,
+                        F.SAMPLE_TYPE: SampleType.ANSWER.value,
+                        F.PROMPT_ID: ex.prompt_id,
+                        F.POLICY_VERSION: out.policy_version,
+                        F.PROMPT_TEXT: ex.question,
+                        "example": ex,
+                        ANSWER_CORRECT: acc,
+                        CONFIDENCE: None,
+                        HAS_CONFIDENCE: False,
+                        FORMAT_OK: answer_format_ok(sample.text),
+                    },
+                )
+                context = continue_conversation(
+                    prompt_ids[i], sample.token_ids, self.suffix_ids, tok.eos_token_id
+                )
+                pairs.append((i, answer_id, context, acc))
+
+        # --- turn 2: G_c confidences per answer, every (prompt, answer) pair in one call --------
+        confidence_sampling = dataclasses.replace(
+            sampling,
+            n=s.num_generations_confidence,
+            max_new_tokens=s.confidence_max_new_tokens or sampling.max_new_tokens,
+        )
+        requests = [GenerationRequest(prompt_ids=ctx, request_id=aid) for _, aid, ctx, _ in pairs]
+        turn2 = backend.generate(requests, confidence_sampling)
+
+        confidences = RowBuffer()
+        for (i, answer_id, context, acc), out in zip(pairs, turn2):
+            ex = examples[i]
+            for h, sample in enumerate(out.samples):
+                c = parse_confidence(sample.text)
+                confidences.add(
+                    context,
+                    sample,
+                    reward=brier_reward(acc, c),
+                    span_mask=confidence_span_mask(sample.token_ids, tok),
+                    **{
+                        F.UID: f"{answer_id}-c{h}",
+                        F.GROUP_ID: f"s{step}-p{i}",
+                        F.SUBGROUP_ID: answer_id,
+                        F.SAMPLE_TYPE: SampleType.CONFIDENCE.value,
+                        F.PROMPT_ID: ex.prompt_id,
+                        F.POLICY_VERSION: out.policy_version,
+                        F.PROMPT_TEXT: ex.question,
+                        "example": ex,
+                        ANSWER_CORRECT: acc,
+                        CONFIDENCE: c,
+                        HAS_CONFIDENCE: True,
+                        FORMAT_OK: c is not None,
+                    },
+                )
+
+        pad = pad_id(tok)
+        batch = Batch.concat([answers.build(pad), confidences.build(pad)])
+        batch.info = {
+            "max_new_tokens": max(answer_sampling.max_new_tokens, confidence_sampling.max_new_tokens),
+            RLCR_INFO_KEY: s,
+            "metrics": self._metrics(answers, confidences),
+        }
+        return batch
+
+    @staticmethod
+    def _metrics(answers: RowBuffer, confidences: RowBuffer) -> dict[str, float]:
+        a_meta, c_meta = answers.meta, confidences.meta
+        metrics = {
+            **turn_metrics("answer", answers.rewards, [len(r) for r in answers.responses]),
+            **turn_metrics("confidence", confidences.rewards, [len(r) for r in confidences.responses]),
+            "rlcr/accuracy": sum(a_meta[ANSWER_CORRECT]) / max(1, len(answers.rewards)),
+            "rlcr/answer_groups_spread_frac": spread_fraction(answers.rewards, a_meta.get(F.GROUP_ID, [])),
+            "rlcr/confidence_groups_spread_frac": spread_fraction(
+                confidences.rewards, c_meta.get(F.SUBGROUP_ID, [])
+            ),
+            "rlcr/answer_format_fail_frac": _fail_frac(a_meta.get(FORMAT_OK, [])),
+            "rlcr/confidence_format_fail_frac": _fail_frac(c_meta.get(FORMAT_OK, [])),
+        }
+        metrics.update(calibration_step_metrics(c_meta.get(CONFIDENCE, []), c_meta.get(ANSWER_CORRECT, [])))
+        return metrics
+
+    # --- supervised warm-up ------------------------------------------------------------------------
+    def sft_pairs(self, examples: Sequence[Example]) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, target ids + eos) for both turns of each example: a templated answer (some
+        deliberately wrong) and, in the conversation that contains it, a templated confidence turn."""
+        tok, rng = self.tokenizer, self._warmup_rng
+        pairs = []
+        for ex in examples:
+            prompt = encode_prompt(tok, self.task.messages(ex))
+            answer = _target_ids(
+                tok,
+                answer_target(ex, rng, wrong_frac=self.settings.warmup_wrong_frac, pool=self.task.examples),
+            )
+            pairs.append((prompt, answer))
+            context = continue_conversation(prompt, answer, self.suffix_ids, tok.eos_token_id)
+            pairs.append((context, _target_ids(tok, confidence_target(rng))))
+        return pairs
+
+
+def _target_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def _fail_frac(flags: Sequence[bool]) -> float:
+    return sum(not f for f in flags) / len(flags) if flags else 0.0

@@ -1,0 +1,93 @@
+"""Both RLCR experiments train real steps on the tiny model; `nemo-azr eval` writes the diagram + JSON."""
+
+import json
+import math
+
+import pytest
+
+from nemo_azr.cli import main
+from nemo_azr.config.loader import load_config
+from nemo_azr.trainer.metrics import read_metrics
+from nemo_azr.trainer.trainer import Trainer
+
+SMALL = {
+    "rlcr_two_turn": [
+        "rlcr.num_generations_answer=2",
+        "rlcr.num_generations_confidence=2",
+        "rlcr.answer_max_new_tokens=16",
+        "rlcr.confidence_max_new_tokens=16",
+    ],
+    "rlcr_single_turn": ["generation.n_samples=3", "generation.max_new_tokens=24"],
+}
+
+
+def _overrides(experiment, tiny_cache, out):
+    return [
+        f"experiment={experiment}",
+        f"model.tiny.cache_dir={tiny_cache}",
+        "logger=quiet",
+        f"trainer.output_dir={out}",
+        "trainer.max_steps=2",
+        "sft_warmup.steps=3",
+        "sft_warmup.batch_size=4",
+        "data.prompts_per_step=2",
+        *SMALL[experiment],
+    ]
+
+
+@pytest.mark.parametrize("experiment", ["rlcr_two_turn", "rlcr_single_turn"])
+def test_experiment_trains_and_evaluates(experiment, tiny_cache, tmp_path, capsys):
+    out = tmp_path / "run"
+    result = Trainer(load_config(_overrides(experiment, tiny_cache, out))).fit()
+    assert result.status == "completed" and result.step == 2
+    records = read_metrics(out / "metrics.jsonl")
+    assert len(records) == 2
+    for r in records:
+        assert math.isfinite(r["actor/loss"]) and r["actor/optimizer_steps"] == 1.0
+        assert 0.0 <= r["rlcr/accuracy"] <= 1.0
+        assert sum(r[f"rlcr/conf_hist_bin_{k}"] for k in range(5)) in (0.0, pytest.approx(1.0))
+        if experiment == "rlcr_two_turn":
+            assert r["batch/rows"] == 2 * 2 * (1 + 2)  # prompts x G_a x (1 + G_c)
+            for key in ("answer", "confidence"):
+                assert f"rlcr/{key}_reward_mean" in r and f"rlcr/{key}_groups_spread_frac" in r
+        else:
+            assert r["batch/rows"] == 2 * 3
+
+    eval_args = [
+        "eval",
+        *_overrides(experiment, tiny_cache, out),
+        "eval.num_examples=4",
+        "eval.answers_per_prompt=2",
+    ]
+    assert main(eval_args) == 0
+    assert "ece=" in capsys.readouterr().out
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())
+    assert metrics["checkpoint"].endswith("step_2")
+    assert metrics["num_prompts"] == 4 and metrics["num_answers"] == 8
+    assert metrics["num_confidences"] == 8
+    assert {"ece", "brier", "auroc", "accuracy", "mean_confidence", "answer_accuracy", "bins"} <= set(metrics)
+    assert len(metrics["bins"]) == 10
+    assert (out / "eval" / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_without_checkpoint_is_a_clear_error(tiny_cache, tmp_path, capsys):
+    args = [
+        "eval",
+        "experiment=rlcr_two_turn",
+        f"model.tiny.cache_dir={tiny_cache}",
+        f"trainer.output_dir={tmp_path}",
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("nemo-azr: error: eval.checkpoint=auto: no complete checkpoint") and "\n" not in err
+
+
+def test_eval_needs_an_rlcr_workflow(tiny_cache, tmp_path, capsys):
+    args = [
+        "eval",
+        f"model.tiny.cache_dir={tiny_cache}",
+        f"trainer.output_dir={tmp_path}",
+        "eval.checkpoint=model",
+    ]
+    assert main(args) == 2
+    assert "measures RLCR calibration" in capsys.readouterr().err

@@ -1,0 +1,181 @@
+"""Hierarchical RLCR advantages: hand-computed normalisations, per-answer isolation, the estimator."""
+
+import math
+
+import pytest
+import torch
+
+from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
+from nemo_azr.contracts import Batch
+from nemo_azr.contracts import fields as F
+from nemo_azr.errors import BatchContractError
+from nemo_azr.registry import ADVANTAGE_ESTIMATORS
+from nemo_azr.rlcr import RLCR_INFO_KEY, answer_advantages, confidence_advantages
+
+EPS = 1e-6
+
+
+def test_answer_advantages_per_prompt_by_hand():
+    # Rows of three prompts, interleaved on purpose: grouping is by id, never by position.
+    rewards = [1, 1, 1, 0, 1, 0, 0, 1, 0, 0, 1, 0]
+    prompts = ["A", "B", "C", "A", "B", "C", "A", "B", "C", "A", "B", "C"]
+    adv = answer_advantages(rewards, prompts, scale_std=True, eps=EPS)
+    # A: [1, 0, 0, 0] -> mean 0.25, std sqrt(0.1875); B: all 1 (zero spread); C: [1, 0, 0, 0] as A.
+    std = math.sqrt(0.1875)
+    hi, lo = 0.75 / (std + EPS), -0.25 / (std + EPS)
+    a = [adv[i].item() for i in (0, 3, 6, 9)]
+    b = [adv[i].item() for i in (1, 4, 7, 10)]
+    assert a == pytest.approx([hi, lo, lo, lo], rel=1e-6)
+    assert b == [0.0, 0.0, 0.0, 0.0]  # zero spread: exactly 0
+    assert hi == pytest.approx(math.sqrt(3), rel=1e-5)  # 0.75 / 0.4330
+
+
+def test_answer_advantages_half_right_and_no_std():
+    adv = answer_advantages([1, 0, 0, 1], ["p"] * 4, scale_std=True, eps=EPS)
+    # mean 0.5, population std 0.5
+    unit = 0.5 / (0.5 + EPS)
+    assert adv.tolist() == pytest.approx([unit, -unit, -unit, unit])
+    centred = answer_advantages([1, 0, 0, 1], ["p"] * 4, scale_std=False)
+    assert centred.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5])
+
+
+def test_confidence_advantages_per_answer_by_hand():
+    rewards = [0.96, 0.75, 1.0, 0.36, 0.75, 0.91, 0.64]
+    answers = ["a0", "a1", "a2", "a0", "a1", "a2", "a2"]
+    adv = confidence_advantages(rewards, answers, scale_std=True, eps=EPS)
+    # a0: [0.96, 0.36] -> mean 0.66, std 0.3 -> +-0.3/0.3
+    assert [adv[0].item(), adv[3].item()] == pytest.approx([0.3 / (0.3 + EPS), -0.3 / (0.3 + EPS)], rel=1e-6)
+    # a1: equal rewards -> exactly 0
+    assert [adv[1].item(), adv[4].item()] == [0.0, 0.0]
+    # a2: [1.0, 0.91, 0.64] -> mean 0.85, deviations [0.15, 0.06, -0.21], std sqrt(0.0702 / 3)
+    std = math.sqrt(0.0702 / 3)
+    expected = [0.15 / (std + EPS), 0.06 / (std + EPS), -0.21 / (std + EPS)]
+    assert [adv[2].item(), adv[5].item(), adv[6].item()] == pytest.approx(expected, rel=1e-5)
+    assert expected[0] == pytest.approx(0.98058, rel=1e-4)
+    centred = confidence_advantages(rewards, answers, scale_std=False)
+    assert [centred[2].item(), centred[5].item(), centred[6].item()] == pytest.approx(
+        [0.15, 0.06, -0.21], abs=1e-6
+    )
+
+
+def test_confidence_prompt_level_second_stage_by_hand():
+    rewards = [0.96, 0.36, 0.5, 0.5]
+    answers = ["a0", "a0", "a1", "a1"]
+    stage1 = confidence_advantages(rewards, answers, eps=0.0)
+    assert stage1.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
+    # stage 2 over the prompt: [1, -1, 0, 0] has mean 0 and std sqrt(0.5)
+    stage2 = confidence_advantages(rewards, answers, eps=0.0, prompt_ids=["p"] * 4)
+    assert stage2.tolist() == pytest.approx([math.sqrt(2), -math.sqrt(2), 0.0, 0.0], rel=1e-6)
+
+
+def _tree_batch(conf_rewards: dict[str, list[float]], acc: dict[str, float], settings: RLCRConfig) -> Batch:
+    """Answer rows then confidence rows (shuffled), each with 3 trained tokens of 5."""
+    rows = [(aid, "answer", r, aid.split("-")[0]) for aid, r in acc.items()]
+    for aid, values in conf_rewards.items():
+        rows += [(aid, "confidence", v, aid.split("-")[0]) for v in values]
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(0)).tolist()
+    rows = [rows[i] for i in order]
+    mask = torch.tensor([[0, 0, 1, 1, 1]] * len(rows), dtype=torch.float32)
+    return Batch(
+        {
+            F.INPUT_IDS: torch.ones(len(rows), 5, dtype=torch.long),
+            F.ATTENTION_MASK: torch.ones(len(rows), 5, dtype=torch.long),
+            F.LOSS_MASK: mask,
+            F.REWARDS: torch.tensor([r[2] for r in rows], dtype=torch.float32),
+        },
+        {
+            F.UID: [f"u{i}" for i in range(len(rows))],
+            F.GROUP_ID: [r[3] for r in rows],
+            F.SUBGROUP_ID: [r[0] for r in rows],
+            F.SAMPLE_TYPE: [r[1] for r in rows],
+        },
+        {RLCR_INFO_KEY: settings},
+    )
+
+
+def _random_tree(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    acc, conf = {}, {}
+    for p in range(3):
+        for k in range(4):
+            aid = f"p{p}-a{k}"
+            acc[aid] = float(torch.randint(0, 2, (1,), generator=g))
+            c = torch.rand(4, generator=g)
+            conf[aid] = [1 - (acc[aid] - float(x)) ** 2 for x in c]
+    return acc, conf
+
+
+def _row_adv(batch: Batch, settings: RLCRConfig) -> dict[tuple[str, str, int], float]:
+    estimator = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")
+    adv, _ = estimator(batch, AlgorithmConfig())
+    seen: dict[tuple[str, str], int] = {}
+    out = {}
+    for i, (sub, kind) in enumerate(zip(batch[F.SUBGROUP_ID], batch[F.SAMPLE_TYPE])):
+        n = seen[(sub, kind)] = seen.get((sub, kind), -1) + 1
+        out[(sub, kind, n)] = float(adv[i, 2])
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_confidence_advantage_depends_on_another_answers_confidences(seed):
+    settings = RLCRConfig()
+    acc, conf = _random_tree(seed)
+    base = _row_adv(_tree_batch(conf, acc, settings), settings)
+    target = "p1-a2"
+    perturbed = dict(conf)
+    perturbed[target] = [0.0, 1.0, 0.25, 0.5]  # change only this answer's confidence rewards
+    after = _row_adv(_tree_batch(perturbed, acc, settings), settings)
+    for key, value in base.items():
+        if key[0] == target and key[1] == "confidence":
+            continue
+        assert after[key] == value, key  # bit-identical: other answers' rows and all answer rows
+    changed = [k for k in base if k[0] == target and k[1] == "confidence" and base[k] != after[k]]
+    assert changed, "the perturbed answer's own confidence advantages must change"
+
+
+def test_prompt_level_norm_couples_answers_of_one_prompt():
+    """The optional second stage shares one scale per prompt (why it is off by default); this also
+    shows the isolation test above would catch coupling."""
+    settings = RLCRConfig(conf_prompt_level_norm=True)
+    acc, conf = _random_tree(0)
+    base = _row_adv(_tree_batch(conf, acc, settings), settings)
+    perturbed = dict(conf)
+    perturbed["p1-a2"] = [0.0, 1.0, 0.25, 0.5]
+    after = _row_adv(_tree_batch(perturbed, acc, settings), settings)
+    same_prompt_other = [
+        k for k in base if k[0].startswith("p1-") and k[0] != "p1-a2" and k[1] == "confidence"
+    ]
+    other_prompt = [k for k in base if not k[0].startswith("p1-")]
+    assert any(after[k] != base[k] for k in same_prompt_other)
+    assert all(after[k] == base[k] for k in other_prompt)
+
+
+def test_estimator_scales_by_lambda_and_projects_onto_mask():
+    settings = RLCRConfig(lambda_ans=2.0, lambda_conf=0.5)
+    acc = {"p0-a0": 1.0, "p0-a1": 0.0}
+    conf = {"p0-a0": [0.96, 0.36], "p0-a1": [0.75, 0.75]}
+    batch = _tree_batch(conf, acc, settings)
+    adv, returns = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
+    assert adv.shape == (len(batch), 5) and adv.dtype == torch.float32
+    assert torch.equal(adv[:, :2], torch.zeros(len(batch), 2))  # prompt columns (mask 0) stay 0
+    for i, (sub, kind, r) in enumerate(zip(batch[F.SUBGROUP_ID], batch[F.SAMPLE_TYPE], batch[F.REWARDS])):
+        if kind == "answer":  # [1, 0] -> +-1 scaled by 2
+            expected = 2.0 * (1.0 if sub == "p0-a0" else -1.0) * 0.5 / (0.5 + 1e-6)
+        elif sub == "p0-a0":  # [0.96, 0.36] -> +-1 scaled by 0.5
+            expected = 0.5 * (1.0 if abs(float(r) - 0.96) < 1e-6 else -1.0) * 0.3 / (0.3 + 1e-6)
+        else:
+            expected = 0.0
+        assert adv[i, 2:].tolist() == pytest.approx([expected] * 3, rel=1e-5)
+    assert torch.equal(returns, adv)
+
+
+def test_estimator_rejects_unknown_sample_type_and_missing_subgroup():
+    settings = RLCRConfig()
+    batch = _tree_batch({"p0-a0": [0.5, 0.7]}, {"p0-a0": 1.0}, settings)
+    estimator = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")
+    bad = Batch(dict(batch.tensors), {**batch.meta, F.SAMPLE_TYPE: ["proposal"] * len(batch)}, batch.info)
+    with pytest.raises(BatchContractError, match="sample_type"):
+        estimator(bad, AlgorithmConfig())
+    meta = {k: v for k, v in batch.meta.items() if k != F.SUBGROUP_ID}
+    with pytest.raises(BatchContractError, match="subgroup_id"):
+        estimator(Batch(dict(batch.tensors), meta, batch.info), AlgorithmConfig())

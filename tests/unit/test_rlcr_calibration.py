@@ -1,0 +1,89 @@
+"""Calibration metrics against scikit-learn (Brier, AUROC) and a straightforward ECE reference."""
+
+import json
+import math
+import random
+
+import pytest
+
+from nemo_azr.rlcr import calibration_metrics, plot_reliability_diagram, reliability_bins
+
+sklearn_metrics = pytest.importorskip("sklearn.metrics")
+
+
+def _ece_reference(confidences, correct, n_bins):
+    """ECE written out: for each bin [k/n, (k+1)/n) (the last bin closed), |acc - conf| weighted by its share."""
+    total = 0.0
+    n = len(confidences)
+    for k in range(n_bins):
+        lo, hi = k / n_bins, (k + 1) / n_bins
+        members = [
+            (c, y) for c, y in zip(confidences, correct) if lo <= c < hi or (k == n_bins - 1 and c == 1.0)
+        ]
+        if not members:
+            continue
+        acc = sum(y for _, y in members) / len(members)
+        conf = sum(c for c, _ in members) / len(members)
+        total += len(members) / n * abs(acc - conf)
+    return total
+
+
+def _sample(seed, n, grid):
+    rng = random.Random(seed)
+    confidences = [round(rng.random(), 1) if grid else rng.random() for _ in range(n)]  # grid: many ties
+    correct = [1 if rng.random() < c * 0.8 + 0.1 else 0 for c in confidences]
+    return confidences, correct
+
+
+@pytest.mark.parametrize(
+    ("seed", "n", "grid"), [(0, 50, False), (1, 200, True), (2, 7, True), (3, 1000, False)]
+)
+@pytest.mark.parametrize("n_bins", [10, 5])
+def test_matches_sklearn_and_reference(seed, n, grid, n_bins):
+    confidences, correct = _sample(seed, n, grid)
+    m = calibration_metrics(confidences, correct, n_bins=n_bins)
+    assert set(m) >= {"ece", "brier", "auroc", "accuracy"}
+    assert m["brier"] == pytest.approx(sklearn_metrics.brier_score_loss(correct, confidences), abs=1e-12)
+    assert m["auroc"] == pytest.approx(sklearn_metrics.roc_auc_score(correct, confidences), abs=1e-12)
+    assert m["ece"] == pytest.approx(_ece_reference(confidences, correct, n_bins), abs=1e-12)
+    assert m["accuracy"] == pytest.approx(sum(correct) / n)
+    assert m["mean_confidence"] == pytest.approx(sum(confidences) / n)
+    assert m["n"] == n
+
+
+def test_hand_example():
+    # bins of width 0.1: bin 0 = {0.05, 0.05}; bin 9 = {0.95, 1.0} (1.0 falls in the last bin)
+    confidences, correct = [0.05, 0.05, 0.95, 1.0], [0, 1, 1, 0]
+    m = calibration_metrics(confidences, correct)
+    # bin 0: |0.5 - 0.05| * 2/4 = 0.225; bin 9: {0.95, 1.0} acc 0.5 conf 0.975 -> 0.475 * 2/4 = 0.2375
+    assert m["ece"] == pytest.approx(0.225 + 0.2375)
+    assert m["brier"] == pytest.approx((0.05**2 + 0.95**2 + 0.05**2 + 1.0) / 4)
+    # positives {0.05, 0.95}, negatives {0.05, 1.0}: pairs won 0.5 (tie) + 0 + 1 + 0 = 1.5 of 4
+    assert m["auroc"] == pytest.approx(1.5 / 4)
+
+
+def test_perfect_and_degenerate_cases():
+    m = calibration_metrics([1.0, 0.0, 1.0, 0.0], [1, 0, 1, 0])
+    assert m["ece"] == 0.0 and m["brier"] == 0.0 and m["auroc"] == 1.0
+    one_class = calibration_metrics([0.3, 0.9], [1, 1])
+    assert math.isnan(one_class["auroc"]) and one_class["accuracy"] == 1.0
+    empty = calibration_metrics([], [])
+    assert empty["n"] == 0 and all(math.isnan(empty[k]) for k in ("ece", "brier", "auroc", "accuracy"))
+    with pytest.raises(ValueError):
+        calibration_metrics([1.2], [1])
+    with pytest.raises(ValueError):
+        calibration_metrics([0.5], [2])
+    with pytest.raises(ValueError):
+        calibration_metrics([0.5, 0.4], [1])
+
+
+def test_reliability_bins_and_diagram(tmp_path):
+    confidences, correct = _sample(5, 300, grid=False)
+    bins = reliability_bins(confidences, correct, n_bins=10)
+    assert len(bins) == 10 and sum(b["count"] for b in bins) == 300
+    for b in bins:
+        if b["count"]:
+            assert b["lo"] <= b["confidence"] <= b["hi"]
+    path = plot_reliability_diagram(bins, tmp_path / "r.png", title="test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.dumps(bins)  # JSON-serialisable as written by eval

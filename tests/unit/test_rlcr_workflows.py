@@ -1,0 +1,235 @@
+"""RLCR workflows with a scripted generation backend: rows, ids, masks, fused rewards, warm-up pairs."""
+
+import re
+
+import pytest
+
+from nemo_azr.config.loader import load_config
+from nemo_azr.contracts import fields as F
+from nemo_azr.contracts import validate_batch
+from nemo_azr.errors import ConfigError
+from nemo_azr.models.tiny import load_tokenizer
+from nemo_azr.registry import WORKFLOWS
+from nemo_azr.rlcr import RLCR_INFO_KEY, SingleTurnRLCRWorkflow, TwoTurnRLCRWorkflow
+from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, HAS_CONFIDENCE
+from nemo_azr.rollout.base import GenerationOutput, Sample, SamplingParams
+from nemo_azr.rollout.single_turn import encode_prompt
+from nemo_azr.tasks.arithmetic import ArithmeticTask
+from nemo_azr.tasks.base import Example
+
+
+class ScriptedBackend:
+    """Returns scripted texts (cycled) as token ids of the real tokenizer; records every call."""
+
+    def __init__(self, tokenizer, answers, confidences):
+        self.tok = tokenizer
+        self.scripts = {"answer": list(answers), "confidence": list(confidences)}
+        self.calls = []
+        self.version = 3
+
+    def generate(self, requests, sampling):
+        kind = "answer" if not self.calls else "confidence"
+        self.calls.append((kind, [list(r.prompt_ids) for r in requests], sampling))
+        script = self.scripts[kind]
+        outputs = []
+        for r_i, req in enumerate(requests):
+            samples = []
+            for j in range(sampling.n):
+                text = script[(r_i * sampling.n + j) % len(script)]
+                ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+                samples.append(Sample(ids, [-0.5] * len(ids), text, "eos"))
+            outputs.append(GenerationOutput(req, samples, policy_version=self.version))
+        return outputs
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_path):
+    return load_tokenizer(tiny_model_path)
+
+
+def _cfg(tiny_cache, *extra):
+    return load_config(["experiment=rlcr_two_turn", f"model.tiny.cache_dir={tiny_cache}", *extra])
+
+
+def _examples():
+    return [
+        Example("arith-3+4", "What is 3 + 4?", "7", {"a": 3, "op": "+", "b": 4}),
+        Example("arith-1+1", "What is 1 + 1?", "2", {"a": 1, "op": "+", "b": 1}),
+    ]
+
+
+def test_two_turn_rows_rewards_masks(tok, tiny_cache):
+    cfg = _cfg(tiny_cache, "rlcr.num_generations_answer=2", "rlcr.num_generations_confidence=3")
+    task = ArithmeticTask(cfg.data)
+    wf = WORKFLOWS.get("rlcr_two_turn")(task, tok, cfg)
+    answers = ["<think>3 + 4</think><answer>7</answer>", "<think>no</think><answer>9</answer>"]
+    confidences = [
+        "<analysis>ok</analysis><confidence>0.8</confidence>",
+        "<confidence>0.2</confidence>",
+        "<confidence>high</confidence>",  # parse failure: reward 0
+    ]
+    backend = ScriptedBackend(tok, answers, confidences)
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, max_new_tokens=30), step=5)
+    validate_batch(batch, "reward")
+
+    # two generate calls: turn 1 with G_a, turn 2 once with every (prompt, answer) pair and G_c
+    assert [c[0] for c in backend.calls] == ["answer", "confidence"]
+    assert backend.calls[0][2].n == 2 and backend.calls[1][2].n == 3
+    assert len(backend.calls[1][1]) == 2 * 2
+    assert backend.calls[0][2].max_new_tokens == cfg.rlcr.answer_max_new_tokens
+
+    types = batch[F.SAMPLE_TYPE]
+    assert types.count("answer") == 4 and types.count("confidence") == 12
+    assert set(batch[F.ROLE]) == {"solver"}
+    rewards = batch[F.REWARDS].tolist()
+    for i, kind in enumerate(types):
+        sub, group = batch[F.SUBGROUP_ID][i], batch[F.GROUP_ID][i]
+        assert sub.startswith(group + "-a") and group.startswith("s5-p")
+        acc = batch[ANSWER_CORRECT][i]
+        gold_row = batch["example"][i]
+        if kind == "answer":
+            assert batch[HAS_CONFIDENCE][i] is False
+            expected_acc = (
+                1.0 if (gold_row.answer == "7" and "<answer>7<" in batch[F.RESPONSE_TEXT][i]) else 0.0
+            )
+            assert rewards[i] == acc == expected_acc
+        else:
+            c = batch[CONFIDENCE][i]
+            expected = 0.0 if c is None else 1 - (acc - c) ** 2
+            assert rewards[i] == pytest.approx(expected)
+            # the confidence's label is its own answer's accuracy
+            answer_row = batch[F.SUBGROUP_ID].index(sub)
+            assert acc == batch[ANSWER_CORRECT][answer_row]
+
+    # Token layout: real ids = context + generated ids; the trained ids are exactly the span.
+    # Scripted sample k of every request is script[k % len]; G_a = 2 answers, G_c = 3 confidences.
+    ids, mask, attn = batch[F.INPUT_IDS], batch[F.LOSS_MASK], batch[F.ATTENTION_MASK]
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    for i, kind in enumerate(types):
+        ex = batch["example"][i]
+        prompt = encode_prompt(tok, task.messages(ex))
+        answer_k = int(batch[F.SUBGROUP_ID][i].rsplit("-a", 1)[1])
+        answer = answers[answer_k]
+        real = ids[i][attn[i].bool()].tolist()
+        trained = ids[i][mask[i].bool()].tolist()
+        assert (mask[i] <= attn[i].float()).all()
+        if kind == "answer":
+            assert real == prompt + enc(answer) + [tok.eos_token_id]
+            assert trained == enc(answer)  # M_ans: <think> .. </answer>, eos after it not trained
+        else:
+            h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+            conf = confidences[h]
+            # turn 2 = turn-1 prompt + the answer's generated ids + the confidence request
+            assert real == prompt + enc(answer) + wf.suffix_ids + enc(conf) + [tok.eos_token_id]
+            assert trained == enc(conf)  # M_conf; the whole turn-2 context (incl. the answer) is 0
+    assert tok.decode(wf.suffix_ids).startswith("<|im_end|>")
+    assert cfg.rlcr.confidence_prompt in tok.decode(wf.suffix_ids)
+    assert batch.info[RLCR_INFO_KEY] is cfg.rlcr
+    m = batch.info["metrics"]
+    assert m["rlcr/accuracy"] == pytest.approx(0.25)  # only prompt 0's first answer is right
+    assert m["rlcr/confidence_format_fail_frac"] == pytest.approx(4 / 12)
+    assert m["rlcr/answer_groups_spread_frac"] == pytest.approx(0.5)
+    assert m["rlcr/confidence_groups_spread_frac"] == pytest.approx(1.0)
+    assert sum(m[f"rlcr/conf_hist_bin_{k}"] for k in range(5)) == pytest.approx(1.0)
+
+
+def _contains(seq, sub):
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_two_turn_confidence_mask_excludes_eos_and_prompt(tok, tiny_cache):
+    cfg = _cfg(tiny_cache, "rlcr.num_generations_answer=2", "rlcr.num_generations_confidence=2")
+    wf = TwoTurnRLCRWorkflow(ArithmeticTask(cfg.data), tok, cfg)
+    backend = ScriptedBackend(tok, ["<think>a</think><answer>7</answer>"], ["<confidence>0.5</confidence>"])
+    batch = wf.run(_examples()[:1], backend, SamplingParams(n=1, max_new_tokens=30), step=0)
+    eos = tok.eos_token_id
+    for i in range(len(batch)):
+        trained = batch[F.INPUT_IDS][i][batch[F.LOSS_MASK][i].bool()].tolist()
+        assert eos not in trained  # well-formed: the span ends at the closing tag
+        full = tok.decode(trained)
+        assert full in ("<think>a</think><answer>7</answer>", "<confidence>0.5</confidence>")
+
+
+def test_single_turn_rewards_and_rows(tok, tiny_cache):
+    cfg = load_config(
+        ["experiment=rlcr_single_turn", f"model.tiny.cache_dir={tiny_cache}", "generation.n_samples=3"]
+    )
+    wf = WORKFLOWS.get("rlcr_single_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    assert isinstance(wf, SingleTurnRLCRWorkflow) and wf.rows_per_prompt == 3
+    texts = [
+        "<think>3 + 4</think><answer>7</answer><analysis>ok</analysis><confidence>0.9</confidence>",
+        "<think>3 + 4</think><answer>8</answer><analysis>ok</analysis><confidence>0.9</confidence>",
+        "<answer>7</answer>",
+    ]
+    backend = ScriptedBackend(tok, texts, [])
+    batch = wf.run(_examples()[:1], backend, SamplingParams(n=3, max_new_tokens=40), step=0)
+    r = cfg.rlcr
+    expected = [
+        r.format_weight + r.accuracy_weight + r.brier_weight * (1 - 0.1**2),
+        r.format_weight + r.brier_weight * (1 - 0.9**2),
+        r.accuracy_weight,
+    ]
+    assert batch[F.REWARDS].tolist() == pytest.approx(expected)
+    assert set(batch[F.SAMPLE_TYPE]) == {"answer"} and all(batch[HAS_CONFIDENCE])
+    # the whole response (eos included) is trained, the prompt is not
+    assert batch[F.LOSS_MASK].sum(-1).tolist() == [
+        len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts
+    ]
+
+
+def test_rlcr_dispatch_follows_multi_turn(tok, tiny_cache):
+    cfg = _cfg(tiny_cache, "rollout.workflow=rlcr")
+    task = ArithmeticTask(cfg.data)
+    assert isinstance(WORKFLOWS.get("rlcr")(task, tok, cfg), TwoTurnRLCRWorkflow)
+    cfg.rlcr.multi_turn = False
+    assert isinstance(WORKFLOWS.get("rlcr")(task, tok, cfg), SingleTurnRLCRWorkflow)
+
+
+def test_sft_pairs(tok, tiny_cache):
+    cfg = _cfg(tiny_cache, "rlcr.warmup_wrong_frac=0.5")
+    wf = TwoTurnRLCRWorkflow(ArithmeticTask(cfg.data), tok, cfg)
+    examples = ArithmeticTask(cfg.data).examples[:40]
+    pairs = wf.sft_pairs(examples)
+    assert len(pairs) == 2 * len(examples)
+    wrong = 0
+    for (p_ans, t_ans), (p_conf, t_conf), ex in zip(pairs[::2], pairs[1::2], examples):
+        answer_text = tok.decode(t_ans, skip_special_tokens=True)
+        assert t_ans[-1] == tok.eos_token_id and t_conf[-1] == tok.eos_token_id
+        assert answer_text.startswith("<think>") and answer_text.endswith("</answer>")
+        wrong += f"<answer>{ex.answer}</answer>" not in answer_text
+        # turn 2's context starts with turn 1's prompt and holds the answer
+        assert p_conf[: len(p_ans)] == p_ans and _contains(p_conf, t_ans[:-1])
+        conf_text = tok.decode(t_conf, skip_special_tokens=True)
+        assert conf_text.startswith("<analysis>") and conf_text.endswith("</confidence>")
+    assert 0 < wrong < len(examples)  # some, not all, deliberately wrong
+    single = SingleTurnRLCRWorkflow(ArithmeticTask(cfg.data), tok, cfg).sft_pairs(examples[:3])
+    assert len(single) == 3
+    assert tok.decode(single[0][1], skip_special_tokens=True).endswith("</confidence>")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rlcr.num_generations_confidence=1"], "num_generations_confidence"),
+        (["rlcr.num_generations_answer=1"], "num_generations_answer"),
+        (["algorithm.estimator=grpo"], "rlcr_hierarchical"),
+        (["rlcr.multi_turn=false"], "contradicts rlcr.multi_turn"),
+        (["rlcr.answer_match=fuzzy"], "rlcr.answer_match"),
+        (["rlcr.qa_match=bleu"], "rlcr.qa_match"),
+        (["rlcr.f1_threshold=0"], "rlcr.f1_threshold"),
+        (["eval.n_bins=0"], "eval.n_bins"),
+        (["algorithm.mini_batch_size=7"], "G_a x (1 + G_c)"),
+    ],
+)
+def test_config_validation(tiny_cache, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _cfg(tiny_cache, *overrides)
+
+
+def test_config_validation_single_turn_and_other_workflows(tiny_cache):
+    with pytest.raises(ConfigError, match="two-turn"):
+        load_config(["experiment=rlcr_single_turn", "algorithm.estimator=rlcr_hierarchical"])
+    with pytest.raises(ConfigError, match="rlcr_hierarchical needs rollout.workflow"):
+        load_config(["algorithm.estimator=rlcr_hierarchical"])
+    cfg = _cfg(tiny_cache, "algorithm.mini_batch_size=32")  # 8 prompts x 4 x (1 + 4) = 160 rows
+    assert cfg.algorithm.mini_batch_size == 32
