@@ -23,7 +23,8 @@ setup(
         "psutil",
     ],
     extras_require={
-        "test": ["pytest>=8", "matplotlib"],
+        # triton: the kernel tests run the Triton kernels in its CPU interpreter (TRITON_INTERPRET=1)
+        "test": ["pytest>=8", "matplotlib", "scikit-learn", "triton>=3.3; platform_system == 'Linux'"],
         "dev": ["pytest>=8", "ruff", "matplotlib"],
         "gpu": ["megatron-core>=0.16", "transformer-engine", "tensorrt-llm", "triton"],
     },

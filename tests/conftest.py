@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import pytest
@@ -8,6 +9,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+# Triton's CPU interpreter has to be chosen before triton is first imported (it decorates its own
+# tl.* helpers then). Without a GPU, import triton here, before any test module, in interpreter mode;
+# the kernel tests set TRITON_INTERPRET=1 per test, so backend="auto" elsewhere stays on torch.
+if not torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+    _interpret = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton  # noqa: F401
+
+    if _interpret is None:
+        del os.environ["TRITON_INTERPRET"]
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,8 @@ class ModelConfig:
     path: str = "tiny"  # a local HF model folder, or "tiny" for the built-in tiny model
     dtype: str = "float32"  # float32 | bfloat16 | float16
     logprob_chunk_size: int = 0  # tokens per log-prob chunk (memory O(chunk x V)); 0: ~64 MiB of logits
+    kernel_backend: str = "auto"  # log-prob/loss kernels: auto | triton | torch (auto: triton on CUDA)
+    fused_policy_loss: bool = True  # PPO loss fused with the LM head (one pass); false: policy_objective
     gradient_checkpointing: bool = False
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 

@@ -2,7 +2,10 @@
 
 Log-probs never materialise ``[B, T, V]``: the decoder's hidden states of the positions that
 predict a loss-masked token are gathered and fed with the output-layer weight to
-:func:`nemo_azr.kernels.linear_token_logprobs`, which walks token chunks.
+:func:`nemo_azr.kernels.linear_token_logprobs`, which walks token chunks. The update computes the
+policy loss with :func:`nemo_azr.kernels.fused_linear_policy_loss` (``model.fused_policy_loss``,
+same loss and metrics as ``policy_objective`` on those log-probs). ``model.kernel_backend`` picks
+the kernels (torch chunks, or Triton on CUDA).
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ from nemo_azr.algorithms.objective import policy_objective
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.errors import CheckpointError, ConfigError
-from nemo_azr.kernels import linear_token_logprobs
+from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
+from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.registry import POLICY_BACKENDS
 
@@ -75,6 +78,8 @@ class HFPolicy:
         self.trainable = trainable
         self.temperature = cfg.generation.temperature
         self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.model.config.vocab_size)
+        self.kernel_backend = cfg.model.kernel_backend
+        self.fused_loss = cfg.model.fused_policy_loss
         if trainable:
             self.model.train()
             if cfg.model.gradient_checkpointing:
@@ -93,25 +98,42 @@ class HFPolicy:
         )
 
     # --- log-probs -------------------------------------------------------------------------------
-    def token_logprobs(self, batch: Batch, *, mask_key: str = F.LOSS_MASK) -> torch.Tensor:
-        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere)."""
+    def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder's last hidden states ``[B, T, H]`` and ``input_ids[B, T]`` on the device."""
         ids = batch[F.INPUT_IDS].to(self.device)
         attn = batch[F.ATTENTION_MASK].to(self.device)
         pos = batch.get(F.POSITION_IDS)
         pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(self.device)
         decoder = getattr(self.model, self.model.base_model_prefix)
-        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+        return decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state, ids
+
+    def token_logprobs(
+        self, batch: Batch, *, mask_key: str = F.LOSS_MASK, return_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere).
+
+        With ``return_entropy`` also the (differentiable) entropy ``[B, T]`` of the same positions.
+        """
+        hidden, ids = self._hidden_states(batch)
         # Token t is predicted from position t-1, so only positions before a trained token matter.
         target = batch[mask_key].to(self.device)[:, 1:] > 0
-        lp = linear_token_logprobs(
+        out = linear_token_logprobs(
             hidden[:, :-1][target],
             self.model.get_output_embeddings().weight,
             ids[:, 1:][target],
             temperature=self.temperature,
+            backend=self.kernel_backend,
             chunk_size=self.chunk_size,
+            return_entropy=return_entropy,
         )
-        out = torch.zeros(target.shape, dtype=torch.float32, device=self.device).masked_scatter(target, lp)
-        return torch.nn.functional.pad(out, (1, 0))
+
+        def to_bt(values: torch.Tensor) -> torch.Tensor:
+            full = torch.zeros(target.shape, dtype=torch.float32, device=self.device)
+            return torch.nn.functional.pad(full.masked_scatter(target, values), (1, 0))
+
+        if return_entropy:
+            return to_bt(out[0]), to_bt(out[1])
+        return to_bt(out)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -149,23 +171,8 @@ class HFPolicy:
                 step_metrics: dict[str, float] = defaultdict(float)
                 for micro in mb.split(alg.micro_batch_size):
                     weight = float(micro[F.LOSS_MASK].sum()) / n_tok
-                    logprobs = self.token_logprobs(micro)
-                    # On-policy single step: old log-probs are the current ones (see the trainer).
-                    old = (
-                        micro[F.OLD_LOGPROBS].to(self.device)
-                        if F.OLD_LOGPROBS in micro
-                        else logprobs.detach()
-                    )
-                    loss, m = policy_objective(
-                        logprobs=logprobs,
-                        old_logprobs=old,
-                        advantages=micro[F.ADVANTAGES].to(self.device),
-                        loss_mask=micro[F.LOSS_MASK].to(self.device),
-                        cfg=alg,
-                        ref_logprobs=micro.get(F.REF_LOGPROBS),
-                        num_tokens=n_tok,
-                        num_seqs=len(mb),
-                        norm_length=norm_length,
+                    loss, m = self.micro_objective(
+                        micro, num_tokens=n_tok, num_seqs=len(mb), norm_length=norm_length
                     )
                     loss.backward()
                     step_metrics["actor/loss"] += float(loss.detach())
@@ -183,6 +190,61 @@ class HFPolicy:
         out["actor/optimizer_steps"] = float(n_steps - skipped)
         out["actor/skipped_nonfinite_grad"] = float(skipped)
         return out
+
+    def micro_objective(
+        self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int, fused: bool | None = None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss and metrics of one micro-batch (global normalisers given), fused or via ``policy_objective``.
+
+        ``fused`` defaults to ``model.fused_policy_loss``. Both paths give the same loss and metrics;
+        the entropy term is computed when ``algorithm.entropy_coef > 0``.
+        """
+        alg = self.cfg.algorithm
+        fused = self.fused_loss if fused is None else fused
+        # On-policy single step without old log-probs: the current ones, detached (see the trainer).
+        old = micro[F.OLD_LOGPROBS].to(self.device) if F.OLD_LOGPROBS in micro else None
+        ref = micro.get(F.REF_LOGPROBS)
+        ref = None if ref is None else ref.to(self.device)
+        advantages = micro[F.ADVANTAGES].to(self.device)
+        mask = micro[F.LOSS_MASK].to(self.device)
+        norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": norm_length}
+        with_entropy = alg.entropy_coef > 0
+        if fused:
+            if bool((mask[:, 0] > 0).any()):
+                raise BatchContractError("loss_mask[:, 0] must be 0: the first token has no prediction")
+            hidden, ids = self._hidden_states(micro)
+
+            def shifted(x: torch.Tensor | None) -> torch.Tensor | None:
+                return None if x is None else x[:, 1:]
+
+            # hidden[:, t] predicts ids[:, t + 1]: align everything on the predicted token.
+            return fused_linear_policy_loss(
+                hidden[:, :-1],
+                self.model.get_output_embeddings().weight,
+                ids[:, 1:],
+                advantages=advantages[:, 1:],
+                loss_mask=mask[:, 1:],
+                cfg=alg,
+                old_logprobs=shifted(old),
+                ref_logprobs=shifted(ref),
+                temperature=self.temperature,
+                backend=self.kernel_backend,
+                chunk_size=self.chunk_size,
+                compute_entropy=with_entropy,
+                **norms,
+            )
+        out = self.token_logprobs(micro, return_entropy=with_entropy)
+        logprobs, entropy = out if with_entropy else (out, None)
+        return policy_objective(
+            logprobs=logprobs,
+            old_logprobs=logprobs.detach() if old is None else old,
+            advantages=advantages,
+            loss_mask=mask,
+            cfg=alg,
+            ref_logprobs=ref,
+            entropy=entropy,
+            **norms,
+        )
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
