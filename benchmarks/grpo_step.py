@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import gc
 import json
 import os
 import platform
-import re
 import shlex
 import shutil
 import statistics
@@ -37,6 +35,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_model, mem_total_gib, peak_rss, reset_peak_rss
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -80,26 +80,6 @@ WORKER_ENV = {
 # --------------------------------------------------------------------------------------------------
 # /proc helpers
 # --------------------------------------------------------------------------------------------------
-def _status_kib(key: str) -> int:
-    text = Path("/proc/self/status").read_text()
-    m = re.search(rf"^{key}:\s+(\d+)\s+kB", text, re.M)
-    if m is None:
-        raise RuntimeError(f"/proc/self/status has no {key}")
-    return int(m.group(1))
-
-
-def reset_peak_rss() -> int:
-    """Collect garbage, reset the RSS high-water mark, return the RSS (KiB) the steps start from."""
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kib("VmRSS")
-
-
-def peak_rss() -> int:
-    return _status_kib("VmHWM")
-
-
 # --------------------------------------------------------------------------------------------------
 # workers (one case per process)
 # --------------------------------------------------------------------------------------------------
@@ -404,21 +384,6 @@ def worker_main(args) -> None:
 # --------------------------------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------------------------------
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _mem_total_gib() -> float:
-    m = re.search(r"^MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text(), re.M)
-    return int(m.group(1)) / 2**20 if m else float("nan")
-
-
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -617,10 +582,10 @@ def main(argv=None) -> None:
             "memory": "VmHWM after clear_refs=5 right before the measured steps; extra peak = VmHWM - VmRSS then",
         },
         "machine": {
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "logical_cpus": os.cpu_count(),
             "cpus_available": len(os.sched_getaffinity(0)),
-            "mem_total_gib": _mem_total_gib(),
+            "mem_total_gib": mem_total_gib(),
             "kernel": platform.release(),
             "loadavg_before": load_before,
             "loadavg_after": load_after,

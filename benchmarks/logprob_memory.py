@@ -34,11 +34,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import gc
 import json
 import os
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -46,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import cpu_model, mem_total_gib, peak_rss, reset_peak_rss
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -57,20 +57,6 @@ WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "PYTHONWARNINGS": "ignore"
 # ---------------------------------------------------------------------------------------------------
 # worker: one case per process
 # ---------------------------------------------------------------------------------------------------
-def _status_kib(key: str) -> int:
-    m = re.search(rf"^{key}:\s+(\d+)\s+kB", Path("/proc/self/status").read_text(), re.M)
-    if m is None:
-        raise RuntimeError(f"/proc/self/status has no {key}")
-    return int(m.group(1))
-
-
-def _reset_peak() -> int:
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_kib("VmRSS")
-
-
 def _make_case(case: str, n: int, h: int, v: int, chunk: int):
     """(warm-up fn on tiny inputs, measured fn) -> each returns the scalar loss after backward."""
     import torch
@@ -143,11 +129,11 @@ def worker_main(args) -> None:
         torch.set_num_interop_threads(1)
     warm, inputs, run = _make_case(args.worker, args.tokens, args.hidden, args.vocab, args.chunk_size)
     warm()
-    rss_before = _reset_peak()
+    rss_before = reset_peak_rss()
     t0 = time.perf_counter()
     loss = run(inputs)
     elapsed = time.perf_counter() - t0
-    peak = _status_kib("VmHWM")
+    peak = peak_rss()
     hid, w = inputs[0], inputs[1]
     result = {
         "case": args.worker,
@@ -167,19 +153,6 @@ def worker_main(args) -> None:
 # ---------------------------------------------------------------------------------------------------
 # driver
 # ---------------------------------------------------------------------------------------------------
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
-def _mem_total_gib() -> float:
-    m = re.search(r"^MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text(), re.M)
-    return int(m.group(1)) / 2**20 if m else float("nan")
-
-
 def _versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -327,10 +300,10 @@ def main(argv=None) -> None:
         "summary": summary,
         "raw": raw,
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "logical_cpus": os.cpu_count(),
             "available_cpus": len(os.sched_getaffinity(0)),
-            "ram_gib": _mem_total_gib(),
+            "ram_gib": mem_total_gib(),
             "kernel": platform.release(),
             "loadavg_before": load_before,
             "loadavg_after": load_after,
