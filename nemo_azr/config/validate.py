@@ -86,7 +86,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         alg.micro_batch_size >= 1, f"algorithm.micro_batch_size must be >= 1, got {alg.micro_batch_size}"
     )
     _require(alg.mini_batch_size >= 0, "algorithm.mini_batch_size must be >= 0 (0 = whole batch)")
-    if alg.mini_batch_size:
+    if alg.mini_batch_size and cfg.rollout.workflow != "azr":  # self-play batches vary in size
         _require(
             rows % alg.mini_batch_size == 0,
             f"algorithm.mini_batch_size={alg.mini_batch_size} must divide the rows per step "
@@ -123,6 +123,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     )
     _require(cfg.logger.console_interval >= 1, "logger.console_interval must be >= 1")
     _validate_eval(cfg)
+    _validate_absolute_zero(cfg)
     if cfg.rollout.workflow in ("rlcr", "rlcr_two_turn", "rlcr_single_turn"):
         _validate_rlcr(cfg)
     else:
@@ -201,3 +202,78 @@ def _validate_eval(cfg: NemoAzrConfig) -> None:
     )
     _require(ev.prompts_per_batch >= 1, f"eval.prompts_per_batch must be >= 1, got {ev.prompts_per_batch}")
     _require(ev.n_bins >= 1, f"eval.n_bins must be >= 1, got {ev.n_bins}")
+
+
+EVALUATOR_TYPES = ("llm", "rule")
+SELFPLAY_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+
+
+def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
+    """``absolute_zero`` keys; the band and weight checks run whenever self-play is on."""
+    az, wf = cfg.absolute_zero, cfg.rollout.workflow
+    _require(
+        az.enabled == (wf == "azr"),
+        f"absolute_zero.enabled={az.enabled} and rollout.workflow={wf} disagree: self-play needs both "
+        "absolute_zero.enabled=true and rollout.workflow=azr (e.g. experiment=azr_sandbox)",
+    )
+    if not az.enabled:
+        return
+    from nemo_azr.envs import load_builtin_environments
+    from nemo_azr.registry import ENVIRONMENTS
+
+    load_builtin_environments()
+    _require(
+        az.env in ENVIRONMENTS,
+        f"absolute_zero.env={az.env!r} is unknown; known: {', '.join(ENVIRONMENTS.names())}",
+    )
+    _one_of("absolute_zero.completion_evaluator_type", az.completion_evaluator_type, EVALUATOR_TYPES)
+    _one_of("absolute_zero.safety_evaluator_type", az.safety_evaluator_type, EVALUATOR_TYPES)
+    for key in ("safety_threshold", "completion_threshold"):
+        value = getattr(az, f"learnability_{key}")
+        _require(0 <= value <= 1, f"absolute_zero.learnability_{key} must be in [0, 1], got {value}")
+    for dim in ("safe", "incomplete"):
+        low = getattr(az, f"learnability_min_{dim}_ratio")
+        high = getattr(az, f"learnability_max_{dim}_ratio")
+        _require(
+            0 <= low <= high <= 1,
+            f"absolute_zero.learnability_min_{dim}_ratio ({low}) <= learnability_max_{dim}_ratio ({high}) "
+            "must hold, both in [0, 1]",
+        )
+    for key in (
+        "safety_reward_weight",
+        "task_completion_weight",
+        "format_reward_weight",
+        "proposer_reward_weight",
+    ):
+        _require(getattr(az, key) >= 0, f"absolute_zero.{key} must be >= 0, got {getattr(az, key)}")
+    _require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
+    _require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
+    _require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")
+    _require(az.env_step_timeout_s >= 0, "absolute_zero.env_step_timeout_s must be >= 0 (0 = no limit)")
+    _require(
+        az.proposer_max_new_tokens >= 0 and az.solver_max_new_tokens >= 0,
+        "absolute_zero.proposer_max_new_tokens / solver_max_new_tokens must be >= 0 (0 = generation.max_new_tokens)",
+    )
+    _one_of("absolute_zero.proposer_estimator", az.proposer_estimator, SELFPLAY_ESTIMATORS)
+    _one_of("algorithm.estimator (with self-play)", cfg.algorithm.estimator, SELFPLAY_ESTIMATORS)
+    _require(0 <= az.judge.default_score <= 1, "absolute_zero.judge.default_score must be in [0, 1]")
+    _require(az.judge.max_new_tokens >= 1, "absolute_zero.judge.max_new_tokens must be >= 1")
+    if az.judge.model_path:
+        _require(
+            Path(az.judge.model_path).is_dir(),
+            f"absolute_zero.judge.model_path={az.judge.model_path!r}: no such folder",
+        )
+    lim = az.python_exec.limits
+    _require(
+        lim.cpu_time_s > 0 and lim.wall_time_s > 0 and lim.memory_mb > 0 and lim.max_file_bytes >= 0,
+        "absolute_zero.python_exec.limits: cpu_time_s, wall_time_s, memory_mb must be > 0",
+    )
+    _require(
+        lim.max_processes >= 0 and lim.max_output_bytes > 0,
+        "absolute_zero.python_exec.limits: bad process/output limit",
+    )
+    bad = sorted(set(az.python_exec.task_types) - {"deduction", "abduction", "induction"})
+    _require(
+        not bad and az.python_exec.task_types,
+        f"absolute_zero.python_exec.task_types has unknown {bad}; use deduction, abduction, induction",
+    )

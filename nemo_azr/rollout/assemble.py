@@ -25,8 +25,13 @@ def pack_prompt_response(
     response_logprobs: Sequence[Sequence[float]] | None,
     *,
     pad_id: int,
+    response_masks: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Tensors ``input_ids, attention_mask, position_ids, loss_mask[, rollout_logprobs]`` ``[B, P+R]``."""
+    """Tensors ``input_ids, attention_mask, position_ids, loss_mask[, rollout_logprobs]`` ``[B, P+R]``.
+
+    ``response_masks`` (0/1 per response token) marks which response tokens the model generated;
+    tokens an environment inserted between turns get ``loss_mask = 0``. Default: all generated.
+    """
     b = len(prompts)
     p_len = max(len(p) for p in prompts)
     r_len = max(1, max(len(r) for r in responses))
@@ -40,7 +45,14 @@ def pack_prompt_response(
         if r:
             ids[i, p_len : p_len + len(r)] = torch.as_tensor(list(r), dtype=torch.long)
             attn[i, p_len : p_len + len(r)] = 1
-            loss[i, p_len : p_len + len(r)] = 1.0
+            if response_masks is None:
+                loss[i, p_len : p_len + len(r)] = 1.0
+            else:
+                if len(response_masks[i]) != len(r):
+                    raise ValueError(f"row {i}: {len(response_masks[i])} mask values for {len(r)} tokens")
+                loss[i, p_len : p_len + len(r)] = torch.as_tensor(
+                    list(response_masks[i]), dtype=torch.float32
+                )
             if response_logprobs is not None:
                 logp[i, p_len : p_len + len(r)] = torch.as_tensor(
                     list(response_logprobs[i]), dtype=torch.float32

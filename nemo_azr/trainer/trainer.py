@@ -14,7 +14,9 @@ from omegaconf import OmegaConf
 import nemo_azr.algorithms  # noqa: F401  (registers estimators and losses)
 import nemo_azr.rlcr  # noqa: F401  (registers the RLCR workflows and estimator)
 import nemo_azr.rollout  # noqa: F401  (registers generation backends)
+import nemo_azr.selfplay  # noqa: F401  (registers the azr self-play workflow)
 from nemo_azr.algorithms.objective import apply_kl_reward_penalty
+from nemo_azr.algorithms.per_role import role_split_estimator
 from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, validate_batch
@@ -24,6 +26,7 @@ from nemo_azr.errors import CheckpointError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
 from nemo_azr.rollout.hf_backend import sampling_from_config
+from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
 from nemo_azr.trainer.checkpoint import Checkpointer, checkpoint_step, resolve_resume
@@ -74,14 +77,21 @@ class Trainer:
         self.output_dir = Path(tr.output_dir)
         self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, keep_last=tr.keep_last)
 
-        self.task = build_task(cfg.data)  # first: a data problem should not wait for a model load
+        # First: a data problem should not wait for a model load. Self-play draws its prompts from
+        # the environment's seed tasks.
+        self.task = build_selfplay_task(cfg) if cfg.absolute_zero.enabled else build_task(cfg.data)
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.tiny)
         self.tokenizer = load_tokenizer(self.model_path)
         self.loader = PromptLoader(
             self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed
         )
         self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
-        self.estimator = ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
+        role_estimators = getattr(self.workflow, "role_estimators", None)
+        self.estimator = (
+            role_split_estimator(role_estimators)
+            if role_estimators
+            else ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
+        )
 
         policy_cls = POLICY_BACKENDS.get(cfg.model.backend)
         self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
@@ -149,8 +159,10 @@ class Trainer:
 
         examples = self.loader.next_batch()
         batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
-        validate_batch(batch, "rollout")
         metrics.update(batch.info.get("metrics", {}))
+        if len(batch) == 0:  # e.g. self-play where no group produced a trainable row
+            return self._skip(step, metrics, "the rollout produced no trainable rows")
+        validate_batch(batch, "rollout")
         t_rollout = time.perf_counter()
 
         if F.REWARDS not in batch.tensors:  # a workflow may fuse rollout and reward

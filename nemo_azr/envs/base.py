@@ -1,0 +1,110 @@
+"""The environment protocol (seed 000 steps 2-4) and the self-play domain protocol.
+
+An :class:`Env` is one episode's world: ``reset(task_config)`` prepares it and returns the first
+observation (the user message the solver sees), ``step(actions)`` applies one model turn (the turn's
+text; it may hold several action lines) and returns an :class:`EnvOutput`, ``evaluate()`` gives the
+rule-based :class:`EvalResult` of the finished episode and ``get_history_messages()`` the whole
+interaction as chat messages (what an LLM judge reads).
+
+A :class:`ProposalDomain` is what Absolute Zero self-play needs on top: seed tasks, the proposer's
+prompt for a seed, the parser that turns a proposer's text into a question group (a list of
+``task_config`` dicts, or :class:`ProposalError`), a fresh ``Env`` per episode, and the templated
+texts of the supervised warm-up. Domains register in :data:`nemo_azr.registry.ENVIRONMENTS` and are
+built as ``cls(cfg, seed=...)`` with ``cfg`` the ``absolute_zero`` config node.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from nemo_azr.errors import NemoAzrError
+from nemo_azr.tasks.base import Example
+
+#: Why an episode ended (``EnvOutput.info["end_reason"]`` / the rollout's per-row meta).
+END_DONE = "done"  # the env said the task is over (the model finished or refused)
+END_MAX_STEPS = "max_steps"  # the rollout ran out of turns
+END_ERROR = "env_error"  # env.step raised; the episode ends and the error is recorded
+END_TIMEOUT = "env_timeout"  # env.step took longer than the configured limit
+
+
+class ProposalError(NemoAzrError):
+    """A proposer's output could not be turned into a valid question group (re-proposed)."""
+
+
+@dataclass
+class EnvOutput:
+    """What one ``step`` returns. ``observation`` is shown to the model as the next user turn
+    (ignored when ``done``)."""
+
+    observation: str
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvalResult:
+    """Rule-based scores of a finished episode, each in [0, 1].
+
+    ``safety_score`` / ``completion_score`` are None when the environment has no rule for that
+    dimension (then only the ``llm`` evaluator can score it). ``format_score`` measures whether the
+    model's turns followed the required output format (the seeds' ``format_rewards``).
+    """
+
+    safety_score: float | None
+    completion_score: float | None
+    format_score: float
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    def reset(self, task_config: dict[str, Any]) -> str: ...
+
+    def step(self, actions: str) -> EnvOutput: ...
+
+    def evaluate(self) -> EvalResult: ...
+
+    def get_history_messages(self) -> list[dict[str, str]]: ...
+
+
+class ProposalDomain(ABC):
+    """Seed tasks + proposer prompt/parser + environment factory for one kind of world."""
+
+    name: str = "domain"
+
+    def __init__(self, cfg: Any = None, *, seed: int = 0) -> None:
+        self.cfg = cfg
+        self.seed = seed
+
+    @abstractmethod
+    def seed_tasks(self) -> list[Example]:
+        """The seed tasks the proposer starts from (stable ``prompt_id`` values)."""
+
+    @abstractmethod
+    def proposer_messages(self, seed_task: Example, num_questions: int) -> list[dict[str, str]]:
+        """Chat messages asking the proposer for a group of ``num_questions`` questions."""
+
+    @abstractmethod
+    def parse_proposal(self, text: str, seed_task: Example, num_questions: int) -> list[dict[str, Any]]:
+        """The question group as ``task_config`` dicts; raises :class:`ProposalError` when the text
+        is not a valid group (bad JSON, missing fields, a question that cannot be evaluated)."""
+
+    @abstractmethod
+    def make_env(self) -> Env:
+        """A fresh environment for one episode."""
+
+    def solver_system_prompt(self) -> str:
+        """System message of every solver episode ("" for none)."""
+        return ""
+
+    @abstractmethod
+    def warmup_proposal(self, seed_task: Example, num_questions: int, rng: random.Random) -> str:
+        """A templated, parseable proposer output for the supervised warm-up."""
+
+    @abstractmethod
+    def warmup_solution(self, task_config: dict[str, Any], rng: random.Random) -> str:
+        """A templated solver turn for the warm-up (mixed quality on purpose, so that after the
+        warm-up some questions are solved by some samples: the learnability band needs a spread)."""

@@ -1,0 +1,177 @@
+"""The joint proposer + solver batch (seed 001 steps 10-13).
+
+Per prompt: the sampled question's ``rollout_n`` solver rows, and the prompt's proposer trajectory
+as one row of its own (``role = proposer``; decision: trained once, not repeated ``rollout_n``
+times). Rewards::
+
+    solver rows:   rewards = harm_rewards + format_reward_weight * format_rewards
+                   combined_rewards = rewards + proposer_reward_weight * proposer_rewards
+                   (the row's training reward is combined_rewards)
+    proposer rows: proposer_rewards (1.0 learnable / 0.0 not learnable / -0.5 still flagged)
+
+Solver rows are grouped per question (``group_id``); all proposer rows of the batch form one group,
+so a group-mean estimator normalises proposer rewards across the batch's proposers. ``prompt_id``
+links a proposer row to its solver rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from nemo_azr.contracts import Batch, Role, SampleType
+from nemo_azr.contracts import fields as F
+from nemo_azr.rollout.assemble import pack_prompt_response
+from nemo_azr.rollout.multi_step import Episode
+from nemo_azr.selfplay.learnability import GroupFilterResult, proposer_reward
+from nemo_azr.selfplay.proposer import Proposal
+
+#: Per-row meta the joint batch carries besides the contract's ids (for logging and tests).
+SELFPLAY_META = (
+    "safety_score",
+    "completion_score",
+    "format_reward",
+    "harm_reward",
+    "solver_reward",
+    "proposer_reward",
+    "end_reason",
+    "finish_reason",
+    "num_turns",
+)
+INFO_KEY = "absolute_zero"  # batch.info[INFO_KEY]: the seeds' proposer_* fields, sampled indices
+
+
+@dataclass
+class SolvedGroup:
+    """A proposal with its rollouts, scores and filter result ([question][response] lists)."""
+
+    proposal: Proposal
+    episodes: list[list[Episode]] = field(default_factory=list)
+    safety: list[list[float]] = field(default_factory=list)
+    completion: list[list[float]] = field(default_factory=list)
+    format: list[list[float]] = field(default_factory=list)
+    result: GroupFilterResult | None = None
+
+    @property
+    def prompt_id(self) -> str:
+        return self.proposal.prompt_id
+
+    def question_id(self, index: int) -> str:
+        return f"{self.prompt_id}-a{self.proposal.attempt}-q{index}"
+
+
+def _empty_meta() -> dict[str, list[Any]]:
+    keys = (
+        F.UID,
+        F.GROUP_ID,
+        F.PROMPT_ID,
+        F.QUESTION_ID,
+        F.ROLE,
+        F.SAMPLE_TYPE,
+        F.POLICY_VERSION,
+        F.PROMPT_TEXT,
+        F.RESPONSE_TEXT,
+        *SELFPLAY_META,
+    )
+    return {k: [] for k in keys}
+
+
+def build_joint_batch(
+    groups: list[SolvedGroup], cfg: Any, *, step: int, pad_id: int, include_proposer: bool = True
+) -> Batch:
+    """Solver rows of every group with a sampled question, then one proposer row per group that
+    has a proposer trajectory. ``cfg`` is the ``absolute_zero`` node."""
+    prompts, responses, logps, masks, rewards = [], [], [], [], []
+    meta = _empty_meta()
+    trajectories, sampled, p_rewards = {}, {}, {}
+
+    def add(row: dict[str, Any], prompt, response, logp, mask, reward: float) -> None:
+        prompts.append(prompt)
+        responses.append(response)
+        logps.append(logp)
+        masks.append(mask)
+        rewards.append(reward)
+        for key in meta:
+            meta[key].append(row.get(key))
+
+    for g in groups:
+        status = g.result.status
+        p_reward = proposer_reward(status)
+        p_rewards[g.prompt_id] = p_reward
+        sampled[g.prompt_id] = g.result.sampled_index
+        if g.result.flagged:
+            continue
+        qi = g.result.sampled_index
+        question = g.proposal.questions[qi]
+        for r, ep in enumerate(g.episodes[qi]):
+            harm = g.result.harm_rewards[qi][r]
+            fmt = g.format[qi][r]
+            solver_reward = harm + cfg.format_reward_weight * fmt
+            # Without a proposer (templated groups) there is no proposer reward to add.
+            combined = solver_reward + (cfg.proposer_reward_weight * p_reward if include_proposer else 0.0)
+            row = {
+                F.UID: f"s{step}-{g.question_id(qi)}-r{r}",
+                F.GROUP_ID: f"s{step}-{g.question_id(qi)}",
+                F.PROMPT_ID: g.prompt_id,
+                F.QUESTION_ID: g.question_id(qi),
+                F.ROLE: Role.SOLVER.value,
+                F.SAMPLE_TYPE: SampleType.ANSWER.value,
+                F.POLICY_VERSION: ep.policy_version,
+                F.PROMPT_TEXT: str(question.get("instruction", "")),
+                F.RESPONSE_TEXT: " || ".join(ep.turns),
+                "safety_score": g.safety[qi][r],
+                "completion_score": g.completion[qi][r],
+                "format_reward": fmt,
+                "harm_reward": harm,
+                "solver_reward": solver_reward,
+                "proposer_reward": p_reward,
+                "end_reason": ep.end_reason,
+                "finish_reason": ep.finish_reason,
+                "num_turns": ep.num_turns,
+            }
+            add(row, ep.prompt_ids, ep.response_ids, ep.response_logprobs, ep.response_mask, combined)
+
+    for g in groups:
+        traj = g.proposal.trajectory
+        if traj is None or not include_proposer:
+            continue
+        trajectories[g.prompt_id] = traj.seed_fields()
+        qi = g.result.sampled_index
+        row = {
+            F.UID: f"s{step}-{g.prompt_id}-proposer",
+            F.GROUP_ID: f"s{step}-proposers",
+            F.PROMPT_ID: g.prompt_id,
+            F.QUESTION_ID: g.question_id(qi) if qi >= 0 else "",
+            F.ROLE: Role.PROPOSER.value,
+            F.SAMPLE_TYPE: SampleType.PROPOSAL.value,
+            F.POLICY_VERSION: traj.policy_version,
+            F.PROMPT_TEXT: g.proposal.seed_task.question,
+            F.RESPONSE_TEXT: traj.text,
+            "proposer_reward": p_rewards[g.prompt_id],
+            "end_reason": "proposal_error" if g.proposal.error else "",
+            "finish_reason": traj.finish_reason,
+            "num_turns": 1,
+        }
+        add(
+            row,
+            traj.prompt_ids,
+            traj.response_ids,
+            traj.log_probs,
+            [1] * len(traj.response_ids),
+            p_rewards[g.prompt_id],
+        )
+
+    info = {
+        INFO_KEY: {
+            "proposer_trajectories": trajectories,
+            "sampled_indices": sampled,
+            "proposer_rewards": p_rewards,
+        }
+    }
+    if not prompts:
+        return Batch(info=info)
+    tensors = pack_prompt_response(prompts, responses, logps, pad_id=pad_id, response_masks=masks)
+    tensors[F.REWARDS] = torch.tensor(rewards, dtype=torch.float32)
+    return Batch(tensors, meta, info)

@@ -1,0 +1,225 @@
+"""The ``azr`` rollout workflow: propose -> solve in environments -> filter -> re-propose -> joint batch.
+
+One ``run`` is one training step of seeds 000/001:
+
+1. the proposer writes one question group per seed prompt (one batched generate);
+2. every question is solved ``rollout_n`` times in fresh environments (one multi-step rollout for
+   all episodes), evaluated, and scored by the rule or LLM evaluators;
+3. ``compute_unified_reward_and_filter`` marks learnable questions and samples one per mixed group;
+4. groups with no mixed learnability (or an unparseable proposal) are re-proposed, solved and
+   filtered again - only those, up to ``max_repropose_attempts`` times;
+5. the joint batch keeps each prompt's sampled question with its responses plus the proposer
+   trajectory, with solver, proposer and combined rewards.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+
+from nemo_azr.contracts import Batch
+from nemo_azr.envs.base import ProposalDomain
+from nemo_azr.registry import WORKFLOWS
+from nemo_azr.rewards.evaluators import score_episodes
+from nemo_azr.rewards.judge import LLMJudge, build_judge
+from nemo_azr.rollout.base import GenerationBackend, SamplingParams
+from nemo_azr.rollout.multi_step import (
+    Episode,
+    evaluate_episode,
+    history_messages,
+    run_episodes,
+    start_episodes,
+)
+from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch
+from nemo_azr.selfplay.learnability import QuestionScores, filter_group
+from nemo_azr.selfplay.metrics import filter_metrics, harm_metrics, joint_metrics
+from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
+from nemo_azr.tasks.base import Example, Task
+from nemo_azr.trainer.seeding import step_seed
+
+FILTER_RNG_SALT = 6007  # the learnable-question sampling RNG of a step
+TEMPLATE_RNG_SALT = 6011  # templated groups (enable_task_proposal: false)
+WARMUP_SEED_SALT = 6029
+
+
+@WORKFLOWS.register("azr")
+class AbsoluteZeroWorkflow:
+    def __init__(self, task: Task, tokenizer, cfg) -> None:
+        self.domain: ProposalDomain = task.domain
+        self.tokenizer = tokenizer
+        self.cfg = cfg
+        self.az = cfg.absolute_zero
+        self.rollout_n = cfg.generation.n_samples
+        # Rows per seed prompt when every group succeeds: rollout_n solvers + 1 proposer.
+        self.rows_per_prompt = self.rollout_n + (1 if self.az.enable_task_proposal else 0)
+        # Solver rows are grouped per question by the run's estimator; proposer rows (one group per
+        # batch) by ``proposer_estimator``.
+        self.role_estimators = {"solver": cfg.algorithm.estimator, "proposer": self.az.proposer_estimator}
+        self._judge: LLMJudge | None = None
+        self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # --- the step ----------------------------------------------------------------------------------
+    def run(
+        self, examples: Sequence[Example], backend: GenerationBackend, sampling: SamplingParams, *, step: int
+    ) -> Batch:
+        az, seed = self.az, self.cfg.seed
+        filter_rng = random.Random(step_seed(seed, step, salt=FILTER_RNG_SALT))
+        template_rng = random.Random(step_seed(seed, step, salt=TEMPLATE_RNG_SALT))
+        self._judge_metrics: dict[str, float] = {}
+        t0 = time.perf_counter()
+
+        groups = self._propose_and_solve(list(examples), backend, sampling, template_rng, attempt=0)
+        for g in groups:
+            g.result = filter_group(_scores(g), az, filter_rng)
+        metrics = {
+            "unified_filter/initial_learnable_ratio": filter_metrics(groups)["unified_filter/learnable_ratio"]
+        }
+        metrics["unified_filter/initial_num_repropose"] = float(sum(g.result.flagged for g in groups))
+        num_trajectories = sum(g.proposal.trajectory is not None for g in groups)
+        unparseable = sum(bool(g.proposal.error) for g in groups)
+
+        by_prompt = {g.prompt_id: g for g in groups}
+        attempts = reproposed = 0
+        while attempts < az.max_repropose_attempts:
+            flagged = [g for g in by_prompt.values() if g.result.flagged]
+            if not flagged:
+                break
+            attempts += 1
+            reproposed += len(flagged)
+            seeds = [g.proposal.seed_task for g in flagged]
+            for g in self._propose_and_solve(seeds, backend, sampling, template_rng, attempt=attempts):
+                g.result = filter_group(_scores(g), az, filter_rng)
+                by_prompt[g.prompt_id] = g  # replaces the flagged group's data
+                num_trajectories += g.proposal.trajectory is not None
+                unparseable += bool(g.proposal.error)
+
+        final = list(by_prompt.values())
+        batch = build_joint_batch(
+            final, az, step=step, pad_id=self.pad_id, include_proposer=az.enable_task_proposal
+        )
+        metrics.update(filter_metrics(final))
+        metrics.update(harm_metrics(final))
+        metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
+        metrics.update(self._judge_metrics)
+        metrics.update(
+            {
+                "repropose/total_attempts": float(attempts),
+                "repropose/groups_reproposed": float(reproposed),
+                "repropose/final_non_learnable": float(sum(g.result.flagged for g in final)),
+                "proposer/num_unparseable": float(unparseable),
+                "timing/azr_rollout_s": time.perf_counter() - t0,
+            }
+        )
+        batch.info["metrics"] = metrics
+        batch.info.setdefault(INFO_KEY, {})["learnable"] = {g.prompt_id: g.result.learnable for g in final}
+        return batch
+
+    # --- propose + solve + score -------------------------------------------------------------------
+    def _propose_and_solve(
+        self,
+        seeds: list[Example],
+        backend: GenerationBackend,
+        sampling: SamplingParams,
+        template_rng: random.Random,
+        *,
+        attempt: int,
+    ) -> list[SolvedGroup]:
+        az, k = self.az, self.az.questions_per_group
+        if az.enable_task_proposal:
+            p_sampling = replace(
+                sampling, max_new_tokens=az.proposer_max_new_tokens or sampling.max_new_tokens
+            )
+            proposals = propose(
+                seeds, self.domain, backend, p_sampling, self.tokenizer, num_questions=k, attempt=attempt
+            )
+        else:
+            proposals = template_proposals(seeds, self.domain, template_rng, num_questions=k, attempt=attempt)
+        return self._solve(proposals, backend, sampling)
+
+    def _solve(
+        self, proposals: list[Proposal], backend: GenerationBackend, sampling: SamplingParams
+    ) -> list[SolvedGroup]:
+        """All questions of all proposals, ``rollout_n`` episodes each, in one multi-step rollout."""
+        n = self.rollout_n
+        configs = [q for p in proposals for q in p.questions for _ in range(n)]
+        episodes = start_episodes(
+            configs, self.domain.make_env, self.tokenizer, system_prompt=self.domain.solver_system_prompt()
+        )
+        s_sampling = replace(
+            sampling, max_new_tokens=self.az.solver_max_new_tokens or sampling.max_new_tokens
+        )
+        run_episodes(
+            episodes,
+            backend,
+            s_sampling,
+            self.tokenizer,
+            max_steps=self.az.max_env_steps,
+            step_timeout_s=self.az.env_step_timeout_s,
+            max_total_tokens=getattr(self.tokenizer, "model_max_length", 0) or 0,
+        )
+        scores = score_episodes(
+            [evaluate_episode(ep) for ep in episodes],
+            [history_messages(ep) for ep in episodes],
+            self.az,
+            self._get_judge(backend),
+        )
+        # Counts add up over the step's solve calls; the rate is recomputed from the totals.
+        for key, value in scores.metrics.items():
+            self._judge_metrics[key] = self._judge_metrics.get(key, 0.0) + value
+        calls = self._judge_metrics.get("judge/calls", 0.0)
+        self._judge_metrics["judge/parse_failure_rate"] = (
+            self._judge_metrics.get("judge/parse_failures", 0.0) / calls if calls else 0.0
+        )
+        groups, i = [], 0
+        for p in proposals:
+            g = SolvedGroup(p)
+            for _ in p.questions:
+                g.episodes.append(episodes[i : i + n])
+                g.safety.append(list(scores.safety[i : i + n]))
+                g.completion.append(list(scores.completion[i : i + n]))
+                g.format.append(list(scores.format[i : i + n]))
+                i += n
+            groups.append(g)
+        return groups
+
+    def _get_judge(self, backend: GenerationBackend) -> LLMJudge | None:
+        if "llm" not in (self.az.safety_evaluator_type, self.az.completion_evaluator_type):
+            return None
+        if self._judge is None or not self.az.judge.model_path:
+            # The policy judges through the current backend (its weights change every step).
+            self._judge = build_judge(
+                self.az.judge,
+                policy_backend=backend,
+                tokenizer=self.tokenizer,
+                device=self.cfg.trainer.device,
+            )
+        return self._judge
+
+    # --- supervised warm-up ------------------------------------------------------------------------
+    def sft_pairs(self, examples: Sequence[Example]) -> list[tuple[list[int], list[int]]]:
+        """Templated proposer outputs and solver turns for each seed (see the domain's templates)."""
+        from nemo_azr.rollout.single_turn import encode_prompt
+
+        tok, rng, k = self.tokenizer, self._warmup_rng, self.az.questions_per_group
+        eos = [tok.eos_token_id]
+        pairs = []
+        for seed_task in examples:
+            text = self.domain.warmup_proposal(seed_task, k, rng)
+            if self.az.enable_task_proposal:
+                prompt = encode_prompt(tok, self.domain.proposer_messages(seed_task, k))
+                pairs.append((prompt, tok(text, add_special_tokens=False)["input_ids"] + eos))
+            questions = self.domain.parse_proposal(text, seed_task, k)
+            episodes: list[Episode] = start_episodes(
+                questions, self.domain.make_env, tok, system_prompt=self.domain.solver_system_prompt()
+            )
+            for q, ep in zip(questions, episodes):
+                target = self.domain.warmup_solution(q, rng)
+                pairs.append((ep.prompt_ids, tok(target, add_special_tokens=False)["input_ids"] + eos))
+        return pairs
+
+
+def _scores(g: SolvedGroup) -> list[QuestionScores]:
+    return [QuestionScores(s, c) for s, c in zip(g.safety, g.completion)]

@@ -1,0 +1,177 @@
+"""The re-propose loop and the joint batch, driven by a scripted domain and backend.
+
+With rollout_n = 4 and the seeds' band [0.3, 0.7], a question is learnable only when exactly 2 of
+its 4 responses are safe and exactly 2 are incomplete.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from nemo_azr.algorithms.per_role import role_split_estimator
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts import fields as F
+from nemo_azr.models.tiny import load_tokenizer
+from nemo_azr.rollout.base import SamplingParams
+from nemo_azr.selfplay import AbsoluteZeroWorkflow
+from tests.unit.selfplay_fakes import (
+    LOGPROB,
+    OBSERVATION,
+    ScriptedBackend,
+    ScriptedDomain,
+    group_text,
+    question,
+)
+
+N = 4
+LEARNABLE = question("L", [1, 1, 0, 0], [0, 0, 1, 1])  # safe 0.5, incomplete 0.5
+TOO_EASY = question("E", [1, 1, 1, 1], [1, 1, 1, 1])  # safe 1.0, incomplete 0.0
+MIXED = group_text(LEARNABLE, TOO_EASY)
+ALL_LEARNABLE = group_text(LEARNABLE, LEARNABLE)
+NONE_LEARNABLE = group_text(TOO_EASY, TOO_EASY)
+GARBAGE = "not json at all"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_path):
+    return load_tokenizer(tiny_model_path)
+
+
+def make_cfg(**az) -> NemoAzrConfig:
+    cfg = NemoAzrConfig()
+    cfg.generation.n_samples = N
+    cfg.rollout.workflow = "azr"
+    cfg.absolute_zero.enabled = True
+    cfg.absolute_zero.safety_evaluator_type = "rule"
+    cfg.absolute_zero.completion_evaluator_type = "rule"
+    cfg.absolute_zero.questions_per_group = 2
+    cfg.absolute_zero.env_step_timeout_s = 0
+    for k, v in az.items():
+        setattr(cfg.absolute_zero, k, v)
+    return cfg
+
+
+def run_step(tokenizer, plans, **az):
+    cfg = make_cfg(**az)
+    domain = ScriptedDomain(list(plans))
+    workflow = AbsoluteZeroWorkflow(SimpleNamespace(domain=domain), tokenizer, cfg)
+    backend = ScriptedBackend(tokenizer, plans)
+    batch = workflow.run(domain.seed_tasks(), backend, SamplingParams(n=N, max_new_tokens=8), step=3)
+    return batch, backend, cfg
+
+
+def test_only_flagged_groups_are_reproposed_and_the_loop_is_bounded(tokenizer):
+    plans = {
+        "A": [MIXED],  # fine at once
+        "B": [NONE_LEARNABLE, MIXED],  # fine after one re-proposal
+        "C": [GARBAGE, ALL_LEARNABLE, NONE_LEARNABLE, ALL_LEARNABLE],  # never fine
+    }
+    batch, backend, _ = run_step(tokenizer, plans, max_repropose_attempts=3)
+    proposes = [seeds for kind, seeds in backend.calls if kind == "propose"]
+    assert proposes == [["A", "B", "C"], ["B", "C"], ["C"], ["C"]]
+    solves = [n for kind, n in backend.calls if kind == "solve"]
+    # questions x rollout_n of the groups proposed in that round (C's garbage has no questions)
+    assert solves == [(2 + 2) * N, (2 + 2) * N, 2 * N, 2 * N]
+    assert all(not plan for plan in backend.plans.values())  # every planned proposal was used
+    m = batch.info["metrics"]
+    assert m["repropose/total_attempts"] == 3
+    assert m["repropose/groups_reproposed"] == 2 + 1 + 1
+    assert m["repropose/final_non_learnable"] == 1
+    assert m["unified_filter/initial_num_repropose"] == 2
+    assert m["proposer/num_trajectories"] == 3 + 2 + 1 + 1
+    assert m["proposer/num_unparseable"] == 1
+    # final groups: A mixed, B mixed, C all learnable (2 questions each)
+    assert m["unified_filter/num_total"] == 6
+    assert m["unified_filter/num_learnable"] == 1 + 1 + 2
+    assert m["unified_filter/learnable_ratio"] == pytest.approx(4 / 6)
+    assert m["unified_filter/num_sampled"] == 2
+    assert m["unified_filter/num_repropose"] == 1
+    # first pass: A mixed (1 of 2), B none (0 of 2), C garbage (no questions)
+    assert m["unified_filter/initial_learnable_ratio"] == pytest.approx(1 / 4)
+
+
+def test_zero_attempts_never_reproposes(tokenizer):
+    batch, backend, _ = run_step(tokenizer, {"A": [MIXED], "B": [NONE_LEARNABLE]}, max_repropose_attempts=0)
+    assert [k for k, _ in backend.calls] == ["propose", "solve"]
+    assert batch.info["metrics"]["repropose/total_attempts"] == 0
+    assert batch.info["absolute_zero"]["proposer_rewards"] == {"A": 1.0, "B": -0.5}
+
+
+def test_joint_batch_rows_rewards_and_alignment(tokenizer):
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE, NONE_LEARNABLE], "C": [MIXED]}
+    batch, _, cfg = run_step(tokenizer, plans, max_repropose_attempts=1)
+    roles, pids = batch[F.ROLE], batch[F.PROMPT_ID]
+    proposer_rows = [i for i, r in enumerate(roles) if r == "proposer"]
+    solver_rows = [i for i, r in enumerate(roles) if r == "solver"]
+    # each prompt's proposer trajectory appears exactly once; B keeps its last (failed) proposal
+    assert sorted(pids[i] for i in proposer_rows) == ["A", "B", "C"]
+    # solver rows: rollout_n per prompt with a sampled question; none for B
+    assert sorted(pids[i] for i in solver_rows) == ["A"] * N + ["C"] * N
+    for pid in ("A", "C"):
+        (p_row,) = [i for i in proposer_rows if pids[i] == pid]
+        s_rows = [i for i in solver_rows if pids[i] == pid]
+        assert {batch[F.QUESTION_ID][i] for i in s_rows} == {batch[F.QUESTION_ID][p_row]}
+        assert len({batch[F.GROUP_ID][i] for i in s_rows}) == 1
+    assert len({batch[F.GROUP_ID][i] for i in proposer_rows}) == 1  # normalised across proposers
+    rewards = batch[F.REWARDS].tolist()
+    az = cfg.absolute_zero
+    # the only learnable question of MIXED is LEARNABLE: safety [1,1,0,0], completion [0,0,1,1]
+    for pid in ("A", "C"):
+        s_rows = [i for i in solver_rows if pids[i] == pid]
+        expected = [0.7 * s + 0.3 * c + 0.5 * 1.0 + 0.1 * 1.0 for s, c in zip([1, 1, 0, 0], [0, 0, 1, 1])]
+        assert [rewards[i] for i in s_rows] == pytest.approx(expected)
+    assert {pids[i]: rewards[i] for i in proposer_rows} == pytest.approx({"A": 1.0, "B": -0.5, "C": 1.0})
+    assert az.format_reward_weight == 0.5 and az.proposer_reward_weight == 0.1
+    # proposer rows carry the proposer's own log-probs on its generated tokens only
+    for i in proposer_rows:
+        mask = batch[F.LOSS_MASK][i].bool()
+        assert torch.allclose(batch[F.ROLLOUT_LOGPROBS][i][mask], torch.tensor(LOGPROB))
+    # the seeds' proposer_* fields stay reachable
+    traj = batch.info["absolute_zero"]["proposer_trajectories"]["A"]
+    assert traj["input_ids"][-len(traj["responses"]) :] == traj["responses"]
+    assert len(traj["log_probs"]) == len(traj["responses"])
+
+
+def test_loss_mask_excludes_environment_tokens(tokenizer):
+    multi = question("M", [1, 1, 0, 0], [0, 0, 1, 1], multi=True)
+    plans = {"A": [group_text(multi, TOO_EASY)]}
+    batch, backend, _ = run_step(tokenizer, plans, max_env_steps=3)
+    solver_rows = [i for i, r in enumerate(batch[F.ROLE]) if r == "solver"]
+    assert len(solver_rows) == N
+    turn_ids = tokenizer("act", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    for i in solver_rows:
+        ids, mask, attn = batch[F.INPUT_IDS][i], batch[F.LOSS_MASK][i], batch[F.ATTENTION_MASK][i]
+        trained = ids[mask.bool()].tolist()
+        assert trained == turn_ids + turn_ids  # both model turns, nothing else
+        # the untrained tokens between the two turns are exactly the observation user turn
+        first = mask.nonzero()[0].item()
+        rows = mask.nonzero().flatten().tolist()
+        gap_start = first + len(turn_ids)
+        gap_end = rows[len(turn_ids)]
+        inserted = tokenizer.decode(ids[gap_start:gap_end].tolist())
+        assert inserted == f"\n<|im_start|>user\n{OBSERVATION}<|im_end|>\n<|im_start|>assistant\n"
+        assert attn[gap_start:gap_end].all()
+        assert batch["num_turns"][i] == 2
+
+
+def test_per_role_advantages_normalise_proposers_across_the_batch(tokenizer):
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [MIXED]}
+    batch, _, cfg = run_step(tokenizer, plans, max_repropose_attempts=0)
+    estimator = role_split_estimator({"solver": "grpo", "proposer": "grpo"})
+    adv, _ = estimator(batch, cfg.algorithm)
+    roles, pids = batch[F.ROLE], batch[F.PROMPT_ID]
+    rewards = torch.tensor([1.0, -0.5, 1.0])  # A, B, C
+    mean, std = rewards.mean(), rewards.std(unbiased=False)
+    expected = dict(zip("ABC", ((rewards - mean) / (std + cfg.algorithm.eps)).tolist()))
+    for i, role in enumerate(roles):
+        mask = batch[F.LOSS_MASK][i].bool()
+        if role == "proposer":
+            assert torch.allclose(adv[i][mask], torch.tensor(expected[pids[i]]), atol=1e-5)
+    # solver rows: per-question GRPO over harm + format + proposer terms (the proposer term cancels)
+    s_rows = [i for i, r in enumerate(roles) if r == "solver" and pids[i] == "A"]
+    harm = torch.tensor([0.7, 0.7, 0.3, 0.3])
+    exp = (harm - harm.mean()) / (harm.std(unbiased=False) + cfg.algorithm.eps)
+    got = torch.stack([adv[i][batch[F.LOSS_MASK][i].bool()][0] for i in s_rows])
+    assert torch.allclose(got, exp, atol=1e-5)
+    assert (adv[batch[F.LOSS_MASK] == 0] == 0).all()
