@@ -21,6 +21,7 @@ setup(
         "tqdm",
         "numpy",
         "psutil",
+        "matplotlib",  # eval reliability diagrams, self-play plots
     ],
     extras_require={
         # triton: the kernel tests run the Triton kernels in its CPU interpreter (TRITON_INTERPRET=1)

@@ -1,4 +1,4 @@
-"""``nemo-azr`` command line: ``train``, ``eval``, ``make-tiny-model``, ``show-config``.
+"""``nemo-azr`` command line: ``train``, ``eval``, ``plot-selfplay``, ``make-tiny-model``, ``show-config``.
 
 Everything after the sub-command is a Hydra override (``trainer.max_steps=50 algorithm=rloo``).
 User-facing problems print one ``nemo-azr: error: ...`` line and exit with status 2.
@@ -59,9 +59,31 @@ def _eval(overrides: list[str]) -> int:
     return 0
 
 
+def _plot_selfplay(overrides: list[str]) -> int:
+    from pathlib import Path
+
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.selfplay.plot import plot_selfplay
+
+    out = Path(load_config(overrides).trainer.output_dir)
+    series = plot_selfplay(out / "metrics.jsonl", out / "selfplay.png")
+    for key, points in series.items():
+        if points:
+            first, last = points[0], points[-1]
+            print(
+                f"{key}: step {first[0]} {first[1]:.3f} -> step {last[0]} {last[1]:.3f} ({len(points)} steps)"
+            )
+    print(f"plot: {out / 'selfplay.png'}")
+    return 0
+
+
 COMMANDS = {
     "train": (_train, "run RL training (default: tiny model, arithmetic, CPU)"),
     "eval": (_eval, "RLCR calibration of a checkpoint: metrics.json + reliability diagram"),
+    "plot-selfplay": (
+        _plot_selfplay,
+        "plot learnable ratio and proposer reward of a self-play run (<output_dir>/selfplay.png)",
+    ),
     "show-config": (_show_config, "print the composed, validated config"),
     "make-tiny-model": (
         _make_tiny_model,

@@ -11,6 +11,7 @@ environment says done, after ``max_steps`` turns, when the context would overflo
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -182,6 +183,7 @@ def evaluate_episode(ep: Episode) -> EvalResult:
     """``env.evaluate()``; an episode whose environment failed, or whose evaluation raises, fails
     closed: safety, completion and format 0 (an unverifiable episode earns nothing)."""
     if ep.end_reason in (END_ERROR, END_TIMEOUT):
+        _close(ep.env)  # environments holding resources (VMs) release them here
         return EvalResult(0.0, 0.0, 0.0, {"error": ep.error, "end_reason": ep.end_reason})
     try:
         return ep.env.evaluate()
@@ -189,6 +191,14 @@ def evaluate_episode(ep: Episode) -> EvalResult:
         return EvalResult(
             0.0, 0.0, 0.0, {"error": f"evaluate: {type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]}
         )
+
+
+def _close(env: Env) -> None:
+    close = getattr(env, "close", None)
+    if close is not None:
+        # A failing close must not stop the step; the env is abandoned.
+        with contextlib.suppress(Exception):
+            close()
 
 
 def history_messages(ep: Episode) -> list[dict[str, str]]:

@@ -1,0 +1,62 @@
+"""Plot of a self-play run: learnable ratio and proposer reward over steps (from metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nemo_azr.errors import DataError
+
+SERIES = {
+    "unified_filter/learnable_ratio": "learnable ratio (final groups)",
+    "unified_filter/initial_learnable_ratio": "learnable ratio (first proposals)",
+    "proposer/reward_mean": "proposer reward",
+}
+
+
+def read_selfplay_series(metrics_file: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{metric: [(step, value), ...]}`` for the plotted metrics, in step order."""
+    if not metrics_file.is_file():
+        raise DataError(f"{metrics_file}: no such file; run training first (it writes metrics.jsonl)")
+    series: dict[str, list[tuple[int, float]]] = {k: [] for k in SERIES}
+    for line_no, line in enumerate(metrics_file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{metrics_file}:{line_no}: not JSON ({exc})") from None
+        for key in SERIES:
+            if key in row:
+                series[key].append((int(row["step"]), float(row[key])))
+    if not series["unified_filter/learnable_ratio"]:
+        raise DataError(f"{metrics_file} has no self-play metrics; was it written by an azr experiment?")
+    return series
+
+
+def plot_selfplay(metrics_file: Path, out_png: Path) -> dict[str, list[tuple[int, float]]]:
+    """Two panels (learnable ratios; proposer reward) saved to ``out_png``; returns the series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = read_selfplay_series(metrics_file)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
+    for key in ("unified_filter/learnable_ratio", "unified_filter/initial_learnable_ratio"):
+        if series[key]:
+            steps, values = zip(*series[key])
+            top.plot(steps, values, marker=".", label=SERIES[key])
+    top.set_ylabel("learnable ratio")
+    top.set_ylim(-0.05, 1.05)
+    top.legend(fontsize=8)
+    steps, values = zip(*series["proposer/reward_mean"]) if series["proposer/reward_mean"] else ((), ())
+    bottom.plot(steps, values, marker=".", color="tab:green")
+    bottom.axhline(0.0, color="grey", linewidth=0.5)
+    bottom.set_ylabel("proposer reward")
+    bottom.set_xlabel("step")
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return series
