@@ -1,0 +1,159 @@
+"""``absolute_zero.env=python_exec``: Absolute-Zero code self-play (seed programs, proposer
+prompt/parser, sandboxed episodes, warm-up templates).
+
+A proposal is JSON ``{"questions": [...]}`` (text around it is ignored) with exactly
+``num_questions`` questions; each is ``{"type", "program", "input"}`` (deduction/abduction) or
+``{"type", "program", "inputs": [...], "message"}`` (induction), inputs given as strings holding
+Python literals. ``type`` may be left out (the seed's type is used). Every question is checked by
+running its program in the sandbox twice (see :func:`.tasks.build_question`); any failure rejects
+the whole group with :class:`~nemo_azr.envs.base.ProposalError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+from typing import Any
+
+from nemo_azr.config.schema import AbsoluteZeroConfig, PythonExecConfig
+from nemo_azr.envs.base import ProposalDomain, ProposalError
+from nemo_azr.envs.python_exec.env import PythonExecEnv
+from nemo_azr.envs.python_exec.literals import canonical, parse_literal, perturb
+from nemo_azr.envs.python_exec.programs import run_program
+from nemo_azr.envs.python_exec.seeds import SEED_PROGRAMS
+from nemo_azr.envs.python_exec.tasks import build_question, find_json_object
+from nemo_azr.registry import ENVIRONMENTS
+from nemo_azr.tasks.base import Example
+
+# one-question JSON examples shown to the proposer (terse: the tiny model's context is 512 tokens)
+_FORMATS = {
+    "deduction": '{"type":"deduction","program":"def f(x):\\n    return x+1","input":"3"}',
+    "abduction": '{"type":"abduction","program":"def f(x):\\n    return x+1","input":"3"}',
+    "induction": '{"type":"induction","program":"def f(x):\\n    return x+1","inputs":["1","2","3"],"message":"add one"}',
+}
+_IDENTITY = "def f(x):\n    return x"
+
+
+class _BumpFirstInt(ast.NodeTransformer):
+    """Adds 1 to the first int constant: a program that is plausibly, not surely, wrong."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def visit_Constant(self, node: ast.Constant) -> ast.Constant:
+        if not self.done and type(node.value) is int:
+            self.done = True
+            return ast.copy_location(ast.Constant(node.value + 1), node)
+        return node
+
+
+def _wrong_program(program: str) -> str:
+    bumper = _BumpFirstInt()
+    tree = bumper.visit(ast.parse(program))
+    return ast.unparse(tree) if bumper.done else _IDENTITY
+
+
+@ENVIRONMENTS.register("python_exec")
+class PythonExecDomain(ProposalDomain):
+    """Deduction / abduction / induction questions about small ``def f(x)`` programs."""
+
+    name = "python_exec"
+
+    def __init__(self, cfg: AbsoluteZeroConfig | None = None, *, seed: int = 0) -> None:
+        super().__init__(cfg if cfg is not None else AbsoluteZeroConfig(), seed=seed)
+        self.env_cfg: PythonExecConfig = self.cfg.python_exec
+        self.task_types = list(self.env_cfg.task_types)
+        self._seeds: list[Example] | None = None
+
+    def seed_tasks(self) -> list[Example]:
+        """One seed per built-in program; types cycle through ``task_types``. The example outputs are
+        computed in the sandbox once and cached."""
+        if self._seeds is None:
+            seeds = []
+            for k, sp in enumerate(SEED_PROGRAMS):
+                program = sp.program(*sp.default) + "\n"
+                inputs = [canonical(sp.sample_input(random.Random(k * 7 + j))) for j in range(2)]
+                inputs = list(dict.fromkeys(inputs))  # distinct, in order
+                run = run_program(program, [parse_literal(x) for x in inputs], self.env_cfg.limits)
+                if not run.all_ok:
+                    raise RuntimeError(f"seed program {k} failed in the sandbox: {run.status} {run.errors}")
+                meta = {"type": self.task_types[k % len(self.task_types)], "program": program,
+                        "input": inputs[0], "output": run.outputs[0], "seed_index": k}  # fmt: skip
+                seeds.append(Example(f"code-seed-{k}", program, str(run.outputs[0]), meta))
+            self._seeds = seeds
+        return list(self._seeds)
+
+    def proposer_messages(self, seed_task: Example, num_questions: int) -> list[dict[str, str]]:
+        kind = seed_task.meta["type"]
+        what = "inputs (3+ literals) and a short message" if kind == "induction" else "an input literal"
+        user = (
+            f"Seed program:\n{seed_task.question.rstrip()}\n"
+            f"Write {num_questions} new {kind} tasks: a new def f(x) and {what}.\n"
+            f'JSON {{"questions":[{_FORMATS[kind]}]}}'
+        )
+        return [{"role": "user", "content": user}]
+
+    def parse_proposal(self, text: str, seed_task: Example, num_questions: int) -> list[dict[str, Any]]:
+        obj = find_json_object(text)
+        questions = obj.get("questions")
+        if not isinstance(questions, list):
+            raise ProposalError('the JSON object needs a "questions" list')
+        if len(questions) != num_questions:
+            raise ProposalError(f"expected exactly {num_questions} questions, got {len(questions)}")
+        tasks = []
+        for k, raw in enumerate(questions):
+            try:
+                task = build_question(
+                    raw,
+                    default_type=seed_task.meta["type"],
+                    task_types=self.task_types,
+                    induction_examples=self.env_cfg.induction_examples,
+                    limits=self.env_cfg.limits,
+                )
+            except ProposalError as exc:
+                raise ProposalError(f"question {k + 1}: {exc}") from None
+            task["seed_id"] = seed_task.prompt_id
+            tasks.append(task)
+        return tasks
+
+    def make_env(self) -> PythonExecEnv:
+        return PythonExecEnv(self.env_cfg)
+
+    def warmup_proposal(self, seed_task: Example, num_questions: int, rng: random.Random) -> str:
+        """Variants of the seed's program (new constants) with fresh inputs."""
+        sp = SEED_PROGRAMS[seed_task.meta["seed_index"]]
+        kind = seed_task.meta["type"]
+        questions: list[dict[str, Any]] = []
+        for _ in range(num_questions):
+            q: dict[str, Any] = {"type": kind, "program": sp.sample_program(rng)}
+            if kind == "induction":
+                want = self.env_cfg.induction_examples + 1  # the shown pairs and one hidden
+                inputs: list[str] = []
+                for _ in range(50):  # distinct inputs; the input spaces are small
+                    x = canonical(sp.sample_input(rng))
+                    if x not in inputs:
+                        inputs.append(x)
+                    if len(inputs) == want:
+                        break
+                q["inputs"] = inputs
+                q["message"] = sp.hint
+            else:
+                q["input"] = canonical(sp.sample_input(rng))
+            questions.append(q)
+        return json.dumps({"questions": questions}, separators=(",", ":"))
+
+    def warmup_solution(self, task_config: dict[str, Any], rng: random.Random) -> str:
+        """Right with probability 0.5, otherwise a plausible wrong answer of the right form."""
+        right = rng.random() < 0.5
+        kind = task_config["type"]
+        if kind == "deduction":
+            gold = parse_literal(task_config["output"])
+            answer = canonical(gold if right else perturb(gold, rng))
+        elif kind == "abduction":
+            given = parse_literal(task_config["input"])
+            answer = canonical(given if right else perturb(given, rng))
+        else:
+            program = task_config["program"].rstrip()
+            answer = program if right else _wrong_program(program)
+        return f"<answer>{answer}</answer>"
