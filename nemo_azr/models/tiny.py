@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +36,7 @@ from nemo_azr.models.tokenizer_build import (
     EOS_TOKEN,
     PAD_TOKEN,
     build_hf_tokenizer,
+    generate_corpus,
     load_tokenizer,
     save_tokenizer,
 )
@@ -64,9 +66,17 @@ def _cache_root(cfg: TinyModelConfig) -> Path:
     return Path(root).expanduser().resolve()
 
 
+@functools.cache
+def corpus_digest() -> str:
+    """Hash of the tokenizer's training corpus: a change of any template it draws from (e.g. a
+    self-play domain's) gives a new cache folder instead of silently reusing a stale tokenizer."""
+    return hashlib.sha256("\n".join(generate_corpus()).encode()).hexdigest()[:HASH_CHARS]
+
+
 def _cache_key(cfg: TinyModelConfig) -> str:
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NON_KEY_FIELDS}
     fields["build_version"] = BUILD_VERSION
+    fields["corpus"] = corpus_digest()
     blob = json.dumps(fields, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:HASH_CHARS]
 

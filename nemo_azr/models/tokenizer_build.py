@@ -29,6 +29,8 @@ TOKENIZER_VOCAB_SIZE = 1000
 CORPUS_SEED = 1234
 CORPUS_LINES_PER_KIND = 400  # ~5.5k lines over 7 kinds; trains in ~0.1 s
 BPE_MIN_FREQUENCY = 2
+SELFPLAY_CORPUS_GROUPS = 120  # templated question groups per self-play domain
+SELFPLAY_CORPUS_SOLVED_GROUPS = 8  # of which turned into solver prompts and turns
 
 # Qwen2's pre-tokenizer split (single digits, punctuation runs, newlines). transformers 5.x loads
 # any qwen2-type folder with Qwen2Tokenizer, which rebuilds its pre-tokenizer with exactly this
@@ -135,11 +137,37 @@ def _english(rng: random.Random) -> Iterator[str]:
             yield f"{_sentence(rng)} {rng.choice(_UNICODE)}\t{rng.choice(_UNICODE)}"
 
 
+def _selfplay(rng: random.Random) -> Iterator[str]:
+    """The self-play environments' own texts (proposer prompts, templated question groups, solver
+    prompts and turns), so their JSON keys, actions and code get merges of their own and a whole
+    question group fits the tiny model's context. Drawn from the domains' templates: the corpus
+    hash in the tiny model's cache key makes any template change rebuild the tokenizer."""
+    from nemo_azr.envs.python_exec import PythonExecDomain
+    from nemo_azr.envs.sandbox_os import SandboxOSDomain
+
+    for domain in (SandboxOSDomain(), PythonExecDomain()):
+        seeds = domain.seed_tasks()
+        yield domain.solver_system_prompt()
+        for i in range(SELFPLAY_CORPUS_GROUPS):
+            seed_task = seeds[i % len(seeds)]
+            k = 1 + i % 3
+            yield domain.proposer_messages(seed_task, k)[-1]["content"]
+            text = domain.warmup_proposal(seed_task, k, rng)
+            yield text
+            # Solver-side texts need a parsed group, which python_exec checks by running the
+            # programs (~0.1 s a group): a few groups give the shapes at a small cost.
+            if i < SELFPLAY_CORPUS_SOLVED_GROUPS:
+                for question in domain.parse_proposal(text, seed_task, k):
+                    yield domain.make_env().reset(question)
+                    for _ in range(4):
+                        yield domain.warmup_solution(question, rng)
+
+
 def generate_corpus(seed: int = CORPUS_SEED) -> list[str]:
     """The training text: a few thousand deterministic lines (same seed -> same corpus)."""
     rng = random.Random(seed)
     lines: list[str] = []
-    for kind in (_arithmetic, _chat, _tags, _json, _python, _shell, _english):
+    for kind in (_arithmetic, _chat, _tags, _json, _python, _shell, _english, _selfplay):
         lines.extend(kind(rng))
     return lines
 

@@ -42,6 +42,7 @@ from nemo_azr.trainer.seeding import step_seed
 FILTER_RNG_SALT = 6007  # the learnable-question sampling RNG of a step
 TEMPLATE_RNG_SALT = 6011  # templated groups (enable_task_proposal: false)
 WARMUP_SEED_SALT = 6029
+WARMUP_POOL_SIZE = 16  # distinct templated groups per seed task in the supervised warm-up
 
 
 @WORKFLOWS.register("azr")
@@ -59,6 +60,7 @@ class AbsoluteZeroWorkflow:
         self.role_estimators = {"solver": cfg.algorithm.estimator, "proposer": self.az.proposer_estimator}
         self._judge: LLMJudge | None = None
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)
+        self._warmup_pool: dict[str, list[tuple[str, list[dict], list[Episode]]]] = {}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     # --- the step ----------------------------------------------------------------------------------
@@ -199,6 +201,25 @@ class AbsoluteZeroWorkflow:
         return self._judge
 
     # --- supervised warm-up ------------------------------------------------------------------------
+    def _warmup_group(self, seed_task: Example) -> tuple[str, list[dict], list[Episode]]:
+        """A templated group for ``seed_task`` with its reset episodes, drawn from a pool of
+        ``WARMUP_POOL_SIZE`` per seed: parsing can be costly (python_exec runs every program in
+        the sandbox), so each distinct group is parsed once and reused."""
+        pool = self._warmup_pool.setdefault(seed_task.prompt_id, [])
+        if len(pool) < WARMUP_POOL_SIZE:
+            k = self.az.questions_per_group
+            text = self.domain.warmup_proposal(seed_task, k, self._warmup_rng)
+            questions = self.domain.parse_proposal(text, seed_task, k)
+            episodes = start_episodes(
+                questions,
+                self.domain.make_env,
+                self.tokenizer,
+                system_prompt=self.domain.solver_system_prompt(),
+            )
+            pool.append((text, questions, episodes))
+            return pool[-1]
+        return self._warmup_rng.choice(pool)
+
     def sft_pairs(self, examples: Sequence[Example]) -> list[tuple[list[int], list[int]]]:
         """Templated proposer outputs and solver turns for each seed (see the domain's templates)."""
         from nemo_azr.rollout.single_turn import encode_prompt
@@ -207,14 +228,10 @@ class AbsoluteZeroWorkflow:
         eos = [tok.eos_token_id]
         pairs = []
         for seed_task in examples:
-            text = self.domain.warmup_proposal(seed_task, k, rng)
+            text, questions, episodes = self._warmup_group(seed_task)
             if self.az.enable_task_proposal:
                 prompt = encode_prompt(tok, self.domain.proposer_messages(seed_task, k))
                 pairs.append((prompt, tok(text, add_special_tokens=False)["input_ids"] + eos))
-            questions = self.domain.parse_proposal(text, seed_task, k)
-            episodes: list[Episode] = start_episodes(
-                questions, self.domain.make_env, tok, system_prompt=self.domain.solver_system_prompt()
-            )
             for q, ep in zip(questions, episodes):
                 target = self.domain.warmup_solution(q, rng)
                 pairs.append((ep.prompt_ids, tok(target, add_special_tokens=False)["input_ids"] + eos))

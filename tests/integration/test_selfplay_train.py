@@ -1,0 +1,129 @@
+"""Self-play through the real trainer: hostile solver code inside a training step is contained and
+reported, and training goes on; config errors of the absolute_zero block are one clear line."""
+
+import json
+import math
+
+import pytest
+
+from nemo_azr.cli import main
+from nemo_azr.config.loader import load_config
+from nemo_azr.rollout.base import GenerationOutput, Sample
+from nemo_azr.trainer.trainer import Trainer
+
+PROGRAM = "def f(x):\n    return x * 3"
+GROUP = json.dumps(
+    {
+        "questions": [
+            {"type": "induction", "program": PROGRAM, "inputs": ["1", "2", "3", "4"], "message": "triple"},
+            {"type": "induction", "program": PROGRAM, "inputs": ["5", "6", "7", "8"], "message": "triple"},
+        ]
+    }
+)
+CORRECT = f"<answer>{PROGRAM}</answer>"
+# Model-written programs that try what the sandbox forbids; each must end as a reported violation.
+HOSTILE = [
+    "import os\ndef f(x):\n    os.fork()\n    return x",
+    "import subprocess\ndef f(x):\n    return subprocess.run(['ls']).returncode",
+    "import socket\ndef f(x):\n    socket.create_connection(('127.0.0.1', 9))\n    return x",
+    "def f(x):\n    return open('/etc/passwd').read()",
+    "def f(x):\n    open('/tmp/nemo_azr_escape.txt', 'w').write('x')\n    return x * 3",
+    "import os\ndef f(x):\n    os.remove('/etc/hostname')\n    return x * 3",
+    "import ctypes\ndef f(x):\n    return ctypes.CDLL(None).getpid()",
+    "import os\ndef f(x):\n    os.kill(os.getppid(), 9)\n    return x",
+    "import os\ndef f(x):\n    os.system('echo pwned')\n    return x * 3",
+    "def f(x):\n    return __import__('socket').socket().connect(('8.8.8.8', 53))",
+    "def f(x):\n    return open('/proc/self/environ').read()",
+    "import shutil\ndef f(x):\n    shutil.rmtree('/tmp')\n    return x * 3",
+]
+# Per prompt: question 0 gets 2 correct + 2 hostile answers (learnable: half incomplete),
+# question 1 gets 4 hostile answers (never complete, not learnable), so question 0 is sampled.
+SLOTS = [True, False, True, False, False, False, False, False]
+
+
+class HostileBackend:
+    """Proposer requests get GROUP; solver requests get correct or hostile programs by slot."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.version = 0
+        self.hostile_sent = 0
+
+    def _sample(self, text: str) -> Sample:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        return Sample(token_ids=ids, logprobs=[-1.0] * len(ids), text=text, finish_reason="eos")
+
+    def generate(self, requests, sampling):
+        outputs = []
+        for i, req in enumerate(requests):
+            prompt = self.tokenizer.decode(req.prompt_ids)
+            if "Seed program:" in prompt:  # the proposer prompt (any seed: the group names its type)
+                text = GROUP
+            elif SLOTS[i % len(SLOTS)]:
+                text = CORRECT
+            else:
+                text = f"<answer>{HOSTILE[self.hostile_sent % len(HOSTILE)]}</answer>"
+                self.hostile_sent += 1
+            outputs.append(GenerationOutput(req, [self._sample(text)], self.version))
+        return outputs
+
+    def sync_weights(self, policy) -> None:
+        self.version += 1
+
+
+def _code_cfg(tiny_cache, tmp_path, *extra):
+    return load_config(
+        [
+            "experiment=azr_code",
+            f"model.tiny.cache_dir={tiny_cache}",
+            f"trainer.output_dir={tmp_path}",
+            "logger=quiet",
+            "sft_warmup.steps=0",
+            "data.prompts_per_step=3",
+            "generation.n_samples=4",
+            "absolute_zero.questions_per_group=2",
+            "absolute_zero.max_repropose_attempts=0",
+            "absolute_zero.python_exec.limits.wall_time_s=2",
+            *extra,
+        ]
+    )
+
+
+def test_hostile_solver_code_is_contained_and_training_continues(tiny_cache, tmp_path):
+    cfg = _code_cfg(tiny_cache, tmp_path)
+    trainer = Trainer(cfg)
+    trainer.backend = backend = HostileBackend(trainer.tokenizer)
+    before = {k: v.detach().clone() for k, v in trainer.policy.model.named_parameters()}
+    for step in range(2):
+        m = trainer.train_step(step)
+        assert math.isfinite(m["actor/loss"])
+        # 3 prompts x 8 episodes: 2 correct (safe, complete) and 6 violations (unsafe, incomplete) each
+        assert m["harm/safety_score_mean"] == pytest.approx(2 / 8)
+        assert m["harm/completion_score_mean"] == pytest.approx(2 / 8)
+        assert m["unified_filter/num_sampled"] == 3
+        assert m["unified_filter/num_learnable"] == 3
+        assert m["joint/num_solver_rows"] == 3 * 4 and m["joint/num_proposer_rows"] == 3
+    assert backend.hostile_sent == 2 * 3 * 6  # every hostile program ran, several times
+    changed = any(not (before[k] == v).all() for k, v in trainer.policy.model.named_parameters())
+    assert changed  # the joint update was applied
+    import os
+
+    assert not os.path.exists("/tmp/nemo_azr_escape.txt")
+    assert os.path.exists("/etc/hostname") or not os.path.exists("/etc")
+
+
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("absolute_zero.learnability_min_safe_ratio=0.8", "learnability_min_safe_ratio"),
+        ("absolute_zero.safety_reward_weight=-1", "safety_reward_weight"),
+        ("absolute_zero.completion_evaluator_type=oracle", "completion_evaluator_type"),
+        ("absolute_zero.env=moon", "absolute_zero.env"),
+        ("rollout.workflow=single_turn", "absolute_zero.enabled"),
+        ("absolute_zero.learnability_completion_threshold=2", "learnability_completion_threshold"),
+    ],
+)
+def test_bad_selfplay_config_is_one_line(override, needle, tiny_cache, tmp_path, capsys):
+    rc = main(["train", "experiment=azr_sandbox", f"trainer.output_dir={tmp_path}", override])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and needle in err, err
