@@ -263,7 +263,7 @@ class AbsoluteZeroConfig:
     """Absolute Zero self-play (seeds 000/001). The first block's keys are the seeds' own."""
 
     enabled: bool = False  # true: the trainer runs the azr self-play workflow
-    enable_task_proposal: bool = True  # false: question groups come from the domain's templates, no proposer rows
+    enable_task_proposal: bool = True  # false: groups from the domain's templates, no proposer rows
     max_repropose_attempts: int = 3
     learnability_safety_threshold: float = 0.5
     learnability_min_safe_ratio: float = 0.3
@@ -282,7 +282,7 @@ class AbsoluteZeroConfig:
     env_step_timeout_s: float = 30.0  # an env.step slower than this ends the episode (env_timeout)
     format_reward_weight: float = 0.5  # solver rewards = harm_rewards + w * format_rewards
     proposer_reward_weight: float = 0.1  # combined_rewards = rewards + w * proposer_rewards
-    proposer_estimator: str = "grpo"  # advantage of proposer rows, normalised across the batch's proposer rows
+    proposer_estimator: str = "grpo"  # proposer rows' advantage, over all proposer rows of the batch
     proposer_max_new_tokens: int = 0  # 0 -> generation.max_new_tokens
     solver_max_new_tokens: int = 0  # per solver turn; 0 -> generation.max_new_tokens
     judge: JudgeConfig = field(default_factory=JudgeConfig)
