@@ -33,6 +33,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     import nemo_azr.models  # noqa: F401
     import nemo_azr.rlcr  # noqa: F401
     import nemo_azr.rollout  # noqa: F401
+    import nemo_azr.selfplay  # noqa: F401  (the azr workflow)
     import nemo_azr.tasks  # noqa: F401
     from nemo_azr.algorithms.aggregation import AGG_MODES
     from nemo_azr.algorithms.kl import KL_ESTIMATORS

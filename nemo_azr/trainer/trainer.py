@@ -161,7 +161,13 @@ class Trainer:
         batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
         metrics.update(batch.info.get("metrics", {}))
         if len(batch) == 0:  # e.g. self-play where no group produced a trainable row
-            return self._skip(step, metrics, "the rollout produced no trainable rows")
+            return self._skip(
+                step,
+                metrics,
+                "the rollout produced no trainable rows",
+                "self-play: no question group reached the learnability band; widen the "
+                "absolute_zero.learnability_* bands or raise max_repropose_attempts",
+            )
         validate_batch(batch, "rollout")
         t_rollout = time.perf_counter()
 
@@ -228,13 +234,15 @@ class Trainer:
         needs_old_before_update = self.ref is not None and alg.kl.mode == "reward"
         return alg.reuse_update_logprobs and single_step and not needs_old_before_update
 
-    def _skip(self, step: int, metrics: dict[str, float], why: str) -> dict[str, float]:
+    def _skip(
+        self, step: int, metrics: dict[str, float], why: str, hint: str = "check the reward function"
+    ) -> dict[str, float]:
         self.state.skipped_steps += 1
         self.state.consecutive_skips += 1
         if self.state.consecutive_skips > self.cfg.trainer.max_skipped_steps:
             raise RewardError(
                 f"step {step}: {why} for {self.state.consecutive_skips} steps in a row "
-                f"(trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}); check the reward function"
+                f"(trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}); {hint}"
             )
         metrics["trainer/skipped_steps"] = float(self.state.skipped_steps)
         metrics["trainer/step_skipped"] = 1.0

@@ -127,3 +127,57 @@ def test_bad_selfplay_config_is_one_line(override, needle, tiny_cache, tmp_path,
     rc = main(["train", "experiment=azr_sandbox", f"trainer.output_dir={tmp_path}", override])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+@pytest.mark.slow
+def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
+    """2N self-play steps == N steps + preemption checkpoint + resume + N steps, metric for metric
+    (proposals, re-proposals, the filter's sampling and the joint update all replay exactly)."""
+    import signal
+
+    from nemo_azr.trainer.metrics import read_metrics
+
+    n = 2
+
+    def cfg(out):
+        return load_config(
+            [
+                "experiment=azr_sandbox",
+                f"model.tiny.cache_dir={tiny_cache}",
+                f"trainer.output_dir={out}",
+                "logger=quiet",
+                f"trainer.max_steps={2 * n}",
+                "sft_warmup.steps=30",
+                "data.prompts_per_step=2",
+                "absolute_zero.max_repropose_attempts=1",
+            ]
+        )
+
+    class Preempted(Trainer):
+        def train_step(self, step):
+            metrics = super().train_step(step)
+            if step == n - 1:
+                self.preemption.signum = signal.SIGUSR1
+            return metrics
+
+    Trainer(cfg(tmp_path / "full")).fit()
+    assert Preempted(cfg(tmp_path / "split")).fit().status == "preempted"
+    assert Trainer(cfg(tmp_path / "split")).fit().step == 2 * n
+
+    def comparable(path):
+        return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_metrics(path)]
+
+    full, split = (
+        comparable(tmp_path / "full" / "metrics.jsonl"),
+        comparable(tmp_path / "split" / "metrics.jsonl"),
+    )
+    assert [r["step"] for r in split] == list(range(2 * n))
+    assert full == split
+    assert any(r["proposer/num_trajectories"] > 0 for r in full)
+
+
+@pytest.mark.parametrize("experiment", ["azr_sandbox", "azr_code"])
+def test_show_config_of_selfplay_experiments(experiment, capsys):
+    assert main(["show-config", f"experiment={experiment}"]) == 0
+    out = capsys.readouterr().out
+    assert "workflow: azr" in out and "enabled: true" in out
