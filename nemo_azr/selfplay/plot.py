@@ -7,6 +7,7 @@ from pathlib import Path
 
 from nemo_azr.errors import DataError
 
+ROLLING_WINDOW = 10
 SERIES = {
     "unified_filter/learnable_ratio": "learnable ratio (final groups)",
     "unified_filter/initial_learnable_ratio": "learnable ratio (first proposals)",
@@ -34,6 +35,28 @@ def read_selfplay_series(metrics_file: Path) -> dict[str, list[tuple[int, float]
     return series
 
 
+def rolling_mean(values: list[float], window: int = ROLLING_WINDOW) -> list[float]:
+    """Mean of the last ``window`` values at each point (fewer at the start)."""
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def _plot_with_mean(ax, points: list[tuple[int, float]], color: str, label: str) -> None:
+    # Per-step values of a few prompts are noisy: thin raw line, thick rolling mean.
+    steps, values = zip(*points)
+    ax.plot(steps, values, color=color, alpha=0.3, linewidth=0.8)
+    ax.plot(
+        steps,
+        rolling_mean(list(values)),
+        color=color,
+        linewidth=2,
+        label=f"{label} ({ROLLING_WINDOW}-step mean)",
+    )
+
+
 def plot_selfplay(metrics_file: Path, out_png: Path) -> dict[str, list[tuple[int, float]]]:
     """Two panels (learnable ratios; proposer reward) saved to ``out_png``; returns the series."""
     import matplotlib
@@ -43,15 +66,18 @@ def plot_selfplay(metrics_file: Path, out_png: Path) -> dict[str, list[tuple[int
 
     series = read_selfplay_series(metrics_file)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
-    for key in ("unified_filter/learnable_ratio", "unified_filter/initial_learnable_ratio"):
+    for key, color in (
+        ("unified_filter/learnable_ratio", "tab:blue"),
+        ("unified_filter/initial_learnable_ratio", "tab:orange"),
+    ):
         if series[key]:
-            steps, values = zip(*series[key])
-            top.plot(steps, values, marker=".", label=SERIES[key])
+            _plot_with_mean(top, series[key], color, SERIES[key])
     top.set_ylabel("learnable ratio")
     top.set_ylim(-0.05, 1.05)
     top.legend(fontsize=8)
-    steps, values = zip(*series["proposer/reward_mean"]) if series["proposer/reward_mean"] else ((), ())
-    bottom.plot(steps, values, marker=".", color="tab:green")
+    if series["proposer/reward_mean"]:
+        _plot_with_mean(bottom, series["proposer/reward_mean"], "tab:green", SERIES["proposer/reward_mean"])
+        bottom.legend(fontsize=8)
     bottom.axhline(0.0, color="grey", linewidth=0.5)
     bottom.set_ylabel("proposer reward")
     bottom.set_xlabel("step")
