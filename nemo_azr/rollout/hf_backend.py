@@ -74,9 +74,16 @@ class HFGenerationBackend:
     # --- capabilities ---------------------------------------------------------------------------
     @torch.no_grad()
     def sync_weights(self, policy) -> None:
-        """Copy the trainable policy's weights in place and bump ``version``."""
-        src = policy.model if hasattr(policy, "model") else policy
-        self.model.load_state_dict(src.state_dict())
+        """Copy the trainable policy's weights in place and bump ``version``.
+
+        A policy whose training model is not a transformers model (e.g. Megatron shards) exposes
+        ``export_hf_state_dict()``: the refit gathers its weights into HF layout first.
+        """
+        if hasattr(policy, "export_hf_state_dict"):
+            state = policy.export_hf_state_dict()
+        else:
+            state = (policy.model if hasattr(policy, "model") else policy).state_dict()
+        self.model.load_state_dict(state)
         self.version += 1
 
     def release(self) -> None:

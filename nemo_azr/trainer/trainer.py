@@ -285,8 +285,13 @@ class Trainer:
         """Create the generation backend from the current policy weights (``fit`` calls this after
         a resume or the warm-up; call it yourself to drive ``train_step`` directly)."""
         cfg = self.cfg
+        # A policy that trains something other than a transformers model (Megatron) provides an
+        # HF-layout model for generation; the backend refits it from the policy every step.
+        generation_model = (
+            self.policy.generation_model() if hasattr(self.policy, "generation_model") else self.policy.model
+        )
         self.backend = GENERATION_BACKENDS.get(cfg.generation.backend)(
-            self.policy.model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size
+            generation_model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size
         )
         self.backend.version = self.state.policy_version
 
