@@ -25,9 +25,18 @@ setup(
     ],
     extras_require={
         # triton: the kernel tests run the Triton kernels in its CPU interpreter (TRITON_INTERPRET=1)
-        "test": ["pytest>=8", "matplotlib", "scikit-learn", "triton>=3.3; platform_system == 'Linux'"],
+        # megatron-core: CI runs the Megatron backend's tests on CPU (gloo)
+        "test": [
+            "pytest>=8",
+            "matplotlib",
+            "scikit-learn",
+            "triton>=3.3; platform_system == 'Linux'",
+            "megatron-core>=0.16; python_version >= '3.10'",
+            "psutil",
+        ],
         "dev": ["pytest>=8", "ruff", "matplotlib"],
         "gpu": ["megatron-core>=0.16", "transformer-engine", "tensorrt-llm", "triton"],
+        "megatron": ["megatron-core>=0.16", "psutil"],  # model.backend=megatron
     },
     entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:main"]},
 )

@@ -40,6 +40,27 @@ class ModelConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """Model/data parallel layout of the Megatron-core policy backend (``model.backend=megatron``).
+
+    Checked at start by ``nemo_azr.config.parallel_validate`` (values, and the model shape when it is
+    known); the world-size and batch rules are checked once the processes exist (``validate_parallel``).
+    """
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    data_parallel_size: int = 0  # 0: derived, world_size / (tp * pp)
+    sequence_parallel: bool = False  # GPU only; needs tensor_model_parallel_size > 1
+    virtual_pipeline_model_parallel_size: int = 0  # 0: off; interleaved schedule, needs pp > 1
+    micro_batch_size: int = 1  # rows per forward/backward on each data-parallel rank
+    global_batch_size: int = 0  # rows per optimizer step; 0: algorithm.mini_batch_size or the rows per step
+    distributed_optimizer: bool = False  # shard optimizer state over data-parallel ranks (GPU only)
+    use_te: str = "auto"  # auto | true | false: TransformerEngine layer spec (auto: when importable, on CUDA)
+    make_vocab_size_divisible_by: int = 128  # vocabulary padded to a multiple of this x tp
+    backend: str = "auto"  # torch.distributed backend: auto | nccl | gloo (auto: nccl on CUDA, else gloo)
+
+
+@dataclass
 class GenerationConfig:
     backend: str = "hf"  # generation backend (registry GENERATION_BACKENDS)
     n_samples: int = 8  # samples per prompt (the group size)
@@ -296,6 +317,7 @@ class NemoAzrConfig:
     experiment_name: str = "default"
     seed: int = 0
     model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nemo_azr.config.parallel_validate import (
+    MEGATRON_MISSING,
+    check_parallel_for_megatron,
+    check_parallel_static,
+    megatron_core_available,
+)
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.errors import ConfigError
 
@@ -16,6 +22,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEVICES = ("cpu", "cuda", "auto")
 WANDB_MODES = ("offline", "online", "disabled")
 KL_MODES = ("loss", "reward")
+MEGATRON_BACKEND = "megatron"  # policy backend known by name before it registers (see validate_config)
 
 
 def _require(cond: bool, message: str) -> None:
@@ -48,6 +55,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     )
 
     alg, gen, opt, tr = cfg.algorithm, cfg.generation, cfg.optim, cfg.trainer
+    megatron = cfg.model.backend == MEGATRON_BACKEND
+    if megatron:
+        _require(megatron_core_available(), MEGATRON_MISSING)
     for key, name, registry in (
         ("algorithm.estimator", alg.estimator, ADVANTAGE_ESTIMATORS),
         ("algorithm.loss", alg.loss, POLICY_LOSSES),
@@ -56,7 +66,12 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         ("data.task", cfg.data.task, TASKS),
         ("rollout.workflow", cfg.rollout.workflow, WORKFLOWS),
     ):
-        _require(name in registry, f"{key}={name!r} is unknown; known: {', '.join(registry.names())}")
+        if megatron and registry is POLICY_BACKENDS:
+            # "megatron" is a known name even before its backend registers itself (it is written
+            # separately, in nemo_azr/models/megatron); importability was checked just above.
+            continue
+        known = registry.names() + ([MEGATRON_BACKEND] if registry is POLICY_BACKENDS else [])
+        _require(name in registry, f"{key}={name!r} is unknown; known: {', '.join(sorted(set(known)))}")
     _one_of("algorithm.loss_agg_mode", alg.loss_agg_mode, AGG_MODES)
     _one_of("algorithm.kl.estimator", alg.kl.estimator, KL_ESTIMATORS)
     _one_of("algorithm.kl.mode", alg.kl.mode, KL_MODES)
@@ -123,6 +138,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         cfg.sft_warmup.steps >= 0 and cfg.sft_warmup.batch_size >= 1, "sft_warmup.steps >= 0, batch_size >= 1"
     )
     _require(cfg.logger.console_interval >= 1, "logger.console_interval must be >= 1")
+    check_parallel_static(cfg)  # every backend: a bad value fails at start even where unused
+    if megatron:
+        check_parallel_for_megatron(cfg)
     _validate_eval(cfg)
     _validate_absolute_zero(cfg)
     if cfg.rollout.workflow in ("rlcr", "rlcr_two_turn", "rlcr_single_turn"):
