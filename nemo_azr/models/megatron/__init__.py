@@ -1,0 +1,28 @@
+"""Megatron-core policy model: a ``GPTModel`` equivalent to a HF Llama / Qwen2, its HF weight adapter
+and vocab-parallel token log-probs. Needs megatron-core (``pip install -e '.[megatron]'``)."""
+
+from nemo_azr.models.megatron.builder import (
+    build_gpt_model,
+    check_layout_fits,
+    padded_vocab_size,
+    transformer_config_from_hf,
+)
+from nemo_azr.models.megatron.hf_adapter import (
+    gather_hf_state_dict,
+    hf_to_megatron,
+    load_hf_into_megatron,
+    megatron_to_hf,
+)
+from nemo_azr.models.megatron.logprobs import megatron_token_logprobs
+
+__all__ = [
+    "build_gpt_model",
+    "check_layout_fits",
+    "gather_hf_state_dict",
+    "hf_to_megatron",
+    "load_hf_into_megatron",
+    "megatron_to_hf",
+    "megatron_token_logprobs",
+    "padded_vocab_size",
+    "transformer_config_from_hf",
+]

@@ -1,0 +1,226 @@
+"""Build a megatron-core ``GPTModel`` equivalent to a HF Llama / Qwen2 causal LM.
+
+Equivalence (checked against the HF model in tests): RMSNorm, SwiGLU (gated linear unit, silu),
+RoPE with the HF ``rope_theta`` (rotate-half layout), grouped-query attention, no biases except
+Qwen2's QKV bias, tied input/output embeddings when the HF config ties them. Weights are created on
+the CPU (``use_cpu_initialization``) so a TP=2 model starts from the same weights as TP=1. The layer
+spec is megatron-core's local one; TransformerEngine's only when it is importable and CUDA is there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import torch
+
+from nemo_azr.distributed.parallel import ParallelLayout
+from nemo_azr.errors import ConfigError
+
+__all__ = [
+    "SUPPORTED_MODEL_TYPES",
+    "build_gpt_model",
+    "check_layout_fits",
+    "padded_vocab_size",
+    "stage_layer_range",
+    "transformer_config_from_hf",
+    "use_transformer_engine",
+]
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+# HF config attributes that change the maths beyond what the mapping below reproduces.
+_UNSUPPORTED_FLAGS = ("use_sliding_window", "mlp_bias", "attention_bias")
+
+
+def _rope_theta(hf_config: Any) -> float:
+    """``rope_theta`` of a transformers 4.x (attribute) or 5.x (``rope_parameters``) config."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        raise ConfigError(
+            f"rope_type {rope_type!r} is not supported by the megatron backend (only 'default')"
+        )
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    if theta is None:
+        raise ConfigError("the HF config has no rope_theta")
+    return float(theta)
+
+
+def _check_model(hf_config: Any) -> None:
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"model_type {model_type!r} is not supported by the megatron backend; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    for flag in _UNSUPPORTED_FLAGS:
+        if getattr(hf_config, flag, False):
+            raise ConfigError(
+                f"{model_type} config sets {flag}=True, which the megatron backend does not support"
+            )
+    if hf_config.hidden_act != "silu":
+        raise ConfigError(f"hidden_act {hf_config.hidden_act!r} is not supported (only silu / SwiGLU)")
+    _rope_theta(hf_config)
+
+
+def padded_vocab_size(vocab_size: int, layout: ParallelLayout) -> int:
+    """Megatron's padded vocabulary: a multiple of ``make_vocab_size_divisible_by * tp``."""
+    multiple = layout.make_vocab_size_divisible_by * layout.tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def check_layout_fits(hf_config: Any, layout: ParallelLayout) -> None:
+    """One-line ConfigError when ``layout`` cannot split this model (heads, kv heads, layers, vocab)."""
+    _check_model(hf_config)
+    tp, pp = layout.tp, layout.pp
+    heads = hf_config.num_attention_heads
+    kv = getattr(hf_config, "num_key_value_heads", None) or heads
+    layers = hf_config.num_hidden_layers
+    if heads % tp:
+        raise ConfigError(f"num_attention_heads {heads} is not divisible by tensor parallel size {tp}")
+    if kv % tp and tp % kv:
+        # megatron replicates kv heads when tp is a multiple of them; anything else cannot be split
+        raise ConfigError(
+            f"num_key_value_heads {kv} is neither a multiple nor a divisor of tensor parallel size {tp}"
+        )
+    stages = pp * max(layout.vpp, 1)
+    if layers % stages:
+        raise ConfigError(f"num_hidden_layers {layers} is not divisible by pipeline stages pp*vpp = {stages}")
+    vocab = hf_config.vocab_size
+    per_rank = padded_vocab_size(vocab, layout) // tp
+    if vocab <= (tp - 1) * per_rank:  # the last TP rank would hold padding only
+        raise ConfigError(
+            f"vocab size {vocab} is too small for tp={tp} with make_vocab_size_divisible_by="
+            f"{layout.make_vocab_size_divisible_by}: the last rank would hold padding only; lower it"
+        )
+
+
+def stage_layer_range(
+    num_layers: int, layout: ParallelLayout, pp_rank: int, vp_stage: int | None = None
+) -> range:
+    """Global indices of the decoder layers that pipeline rank ``pp_rank`` (chunk ``vp_stage``) holds.
+
+    Megatron's even split: ``num_layers / (pp * vpp)`` consecutive layers per model chunk, chunk ``v``
+    of rank ``r`` being global chunk ``v * pp + r``.
+    """
+    chunks = layout.pp * max(layout.vpp, 1)
+    per_chunk = num_layers // chunks
+    chunk = (vp_stage or 0) * layout.pp + pp_rank
+    return range(chunk * per_chunk, (chunk + 1) * per_chunk)
+
+
+def use_transformer_engine(requested: bool | None = None) -> bool:
+    """TransformerEngine's layer spec: when asked (error if missing) or, by default, when importable on CUDA."""
+    available = importlib.util.find_spec("transformer_engine") is not None
+    if requested and not available:
+        raise ConfigError(
+            "the TransformerEngine layer spec was requested but transformer_engine is not installed"
+        )
+    if requested is None:
+        return available and torch.cuda.is_available()
+    return requested
+
+
+def transformer_config_from_hf(hf_config: Any, layout: ParallelLayout, *, dtype: torch.dtype = torch.float32):
+    """megatron-core ``TransformerConfig`` equivalent to a HF Llama / Qwen2 config split by ``layout``."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    check_layout_fits(hf_config, layout)
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return TransformerConfig(
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_attention_heads=heads,
+        num_query_groups=getattr(hf_config, "num_key_value_heads", None) or heads,
+        kv_channels=head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf_config.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=torch.nn.functional.silu,
+        add_bias_linear=False,
+        add_qkv_bias=hf_config.model_type == "qwen2",
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        # HF scales scores by 1/sqrt(head_dim) and does softmax in fp32; no extra layer scaling.
+        apply_query_key_layer_scaling=False,
+        attention_softmax_in_fp32=True,
+        masked_softmax_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp or None,
+        sequence_parallel=layout.sequence_parallel,
+        pipeline_dtype=dtype,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=True,
+        init_method_std=getattr(hf_config, "initializer_range", 0.02),
+    )
+
+
+def _layer_spec(use_te: bool):
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if use_te:
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def build_gpt_model(
+    hf_config: Any,
+    layout: ParallelLayout,
+    *,
+    dtype: torch.dtype = torch.float32,
+    pre_process: bool | None = None,
+    post_process: bool | None = None,
+    vp_stage: int | None = None,
+    use_te: bool | None = None,
+):
+    """This rank's ``GPTModel`` (its pipeline stage and tensor shard) for a HF Llama / Qwen2 config.
+
+    Needs :func:`nemo_azr.distributed.parallel.initialize_parallel` first. ``pre_process`` /
+    ``post_process`` default to whether this rank is the first / last pipeline stage (for
+    ``vp_stage`` with virtual pipelining). The vocabulary is padded as megatron does
+    (:func:`padded_vocab_size`); the padded rows are zero and never looked up.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    if dtype != torch.float32 and not torch.cuda.is_available():
+        raise ConfigError(f"dtype {dtype} needs CUDA; the megatron backend runs float32 on CPU")
+    te = use_transformer_engine(use_te)
+    if layout.sequence_parallel and not te:
+        # megatron's local spec uses torch norms (WrappedTorchNorm), which reject sequence parallel
+        raise ConfigError(
+            "sequence_parallel needs the TransformerEngine layer spec (GPU with transformer_engine)"
+        )
+    config = transformer_config_from_hf(hf_config, layout, dtype=dtype)
+    if pre_process is None:
+        pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+    if post_process is None:
+        post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=_layer_spec(te),
+        vocab_size=padded_vocab_size(hf_config.vocab_size, layout),
+        max_sequence_length=hf_config.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        rotary_base=_rope_theta(hf_config),
+        vp_stage=vp_stage,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    # Remembered for the state-dict adapter and the log-prob kernel (padded rows must not count).
+    model.real_vocab_size = hf_config.vocab_size
+    model.padded_vocab_size = padded_vocab_size(hf_config.vocab_size, layout)
+    return model

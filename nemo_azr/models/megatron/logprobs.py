@@ -1,0 +1,279 @@
+"""Per-token log-probs of a megatron ``GPTModel`` with the project's vocab-parallel kernel.
+
+Convention (as the ``hf`` backend): column ``t`` of the ``[B, T]`` result is
+``log p(input_ids[t] | real tokens before t)``; column 0, padding columns and the first real token of
+each row are 0.
+
+Padding. The project's rows are ``[left-padded prompt | right-padded response]`` with
+``position_ids`` counting real tokens from 0. Megatron's RoPE always uses positions ``0..S-1`` and
+its causal mask, so each row's real tokens are first moved to the front (a stable per-row
+permutation): they then sit at exactly their HF positions, and the trailing padding cannot be
+attended by them under the causal mask. No padding mask is needed and the result is exact, not
+just shift-invariant up to rounding. Output values are permuted back to the original columns.
+
+Logits are never gathered: the final hidden states and this rank's shard of the output weight
+(its real-vocabulary rows only, so megatron's zero padding rows never enter the softmax) go to
+:func:`nemo_azr.kernels.linear_token_logprobs`, which all-reduces partial log-sum-exps over the
+tensor-parallel group. With pipeline parallelism the forward runs through megatron's schedule
+(forward only, no grad) and the result is broadcast from the last stage to every stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from nemo_azr.kernels import linear_token_logprobs
+
+__all__ = ["CompactBatch", "compact_rows", "megatron_token_logprobs"]
+
+
+@dataclass
+class CompactBatch:
+    """Rows with their real tokens moved to the front; see :func:`compact_rows`."""
+
+    input_ids: torch.Tensor  # [B, S]: real tokens first, then pad_id; S = longest row
+    order: torch.Tensor  # [B, T]: original column of each compacted column
+    targets: torch.Tensor  # [B, S-1] bool: compacted column j+1 has a prediction from column j
+    width: int  # T, the original number of columns
+
+    def position_ids(self) -> torch.Tensor:
+        b, s = self.input_ids.shape
+        return torch.arange(s, device=self.input_ids.device).expand(b, s)
+
+    def restore(self, values: torch.Tensor) -> torch.Tensor:
+        """``[N]`` values of the target positions -> ``[B, T]`` in the original columns (0 elsewhere)."""
+        b, s = self.input_ids.shape
+        compact = torch.zeros((b, s - 1), dtype=values.dtype, device=values.device)
+        compact = torch.nn.functional.pad(compact.masked_scatter(self.targets, values), (1, 0))
+        # Columns past the original width (sequence-parallel padding) hold no targets: crop them.
+        compact = (
+            torch.nn.functional.pad(compact, (0, self.width - s))
+            if s < self.width
+            else compact[:, : self.width]
+        )
+        return torch.zeros_like(compact).scatter(1, self.order, compact)
+
+
+def compact_rows(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    pad_id: int = 0,
+) -> CompactBatch:
+    """Move each row's real tokens (``attention_mask`` 1) to the front, keeping their order.
+
+    ``position_ids`` (if given) must count each row's real tokens from 0, which is what the model
+    then uses; anything else raises ValueError.
+    """
+    real = attention_mask.bool()
+    order = torch.sort((~real).to(torch.int8), dim=1, stable=True).indices
+    lengths = real.sum(dim=1)
+    width = max(int(lengths.max()), 1) if real.numel() else 1
+    cols = torch.arange(input_ids.shape[1], device=input_ids.device)
+    in_row = cols.unsqueeze(0) < lengths.unsqueeze(1)
+    if position_ids is not None:
+        pos = position_ids.gather(1, order)
+        if not torch.equal(pos[in_row], cols.expand_as(pos)[in_row]):
+            raise ValueError(
+                "position_ids must count each row's real tokens from 0 (position_ids_from_mask): "
+                "megatron's RoPE uses positions 0..n-1"
+            )
+    ids = input_ids.gather(1, order).masked_fill(~in_row, pad_id)[:, :width]
+    targets = in_row[:, 1:width]
+    return CompactBatch(input_ids=ids, order=order, targets=targets, width=input_ids.shape[1])
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``GPTModel`` inside DDP / Float16Module wrappers. It is called directly: Float16Module would
+    upcast the last stage's hidden states to fp32 while the output weight stays bf16/fp16 (DDP's
+    gradient hooks sit on the parameters, so they still fire)."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+@contextlib.contextmanager
+def _hidden_states_output(model: torch.nn.Module) -> Iterator[None]:
+    """Make ``GPTModel.forward`` return the final-normed hidden states ``[S, B, H]`` (no output layer).
+
+    ``GPTModel._postprocess`` returns its input when ``post_process`` is False; the final layer norm
+    belongs to the decoder and still runs.
+    """
+    saved = model.post_process
+    model.post_process = False
+    try:
+        yield
+    finally:
+        model.post_process = saved
+
+
+def _output_weight(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
+    """This TP rank's output-weight rows of the real vocabulary, and the global id of the first."""
+    from megatron.core import parallel_state as ps
+
+    if model.share_embeddings_and_output_weights:
+        weight = model.shared_embedding_or_output_weight()
+    else:
+        weight = model.output_layer.weight
+    per_rank = weight.shape[0]
+    start = ps.get_tensor_model_parallel_rank() * per_rank
+    real = getattr(model, "real_vocab_size", per_rank * ps.get_tensor_model_parallel_world_size())
+    return weight[: max(0, min(per_rank, real - start))], start
+
+
+def _hidden_to_logprobs(
+    model: torch.nn.Module,
+    hidden: torch.Tensor,
+    batch: CompactBatch,
+    temperature: float,
+    chunk_size: int,
+    backend: str,
+) -> torch.Tensor:
+    """Log-probs ``[N]`` of the target positions of ``batch`` from hidden states ``[S, B, H]``."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    reduce_hidden_grad = True
+    if model.config.sequence_parallel:
+        # The gather's backward reduce-scatters (sums) the per-shard hidden gradients itself.
+        hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden)
+        reduce_hidden_grad = False
+    hidden = hidden[: batch.input_ids.shape[1]].transpose(0, 1)
+    weight, start = _output_weight(model)
+    group = ps.get_tensor_model_parallel_group() if ps.get_tensor_model_parallel_world_size() > 1 else None
+    return linear_token_logprobs(
+        hidden[:, :-1][batch.targets],
+        weight,
+        batch.input_ids[:, 1:][batch.targets],
+        temperature=temperature,
+        backend=backend,
+        chunk_size=chunk_size,
+        process_group=group,
+        vocab_start=start,
+        reduce_hidden_grad=reduce_hidden_grad,
+    )
+
+
+def _pad_to_multiple(batch: CompactBatch, multiple: int) -> CompactBatch:
+    """Right-pad the compacted columns so sequence parallelism can split them evenly."""
+    extra = -batch.input_ids.shape[1] % multiple
+    if not extra:
+        return batch
+    ids = torch.nn.functional.pad(batch.input_ids, (0, extra))
+    targets = torch.nn.functional.pad(batch.targets, (0, extra))
+    return CompactBatch(input_ids=ids, order=batch.order, targets=targets, width=batch.width)
+
+
+def _forward_stage_local(
+    model: torch.nn.Module, batch: CompactBatch, temperature: float, chunk_size: int, backend: str
+) -> torch.Tensor:
+    with _hidden_states_output(model):
+        hidden = model(batch.input_ids, batch.position_ids(), None)
+    return _hidden_to_logprobs(model, hidden, batch, temperature, chunk_size, backend)
+
+
+def _split(batch: CompactBatch, size: int) -> list[CompactBatch]:
+    rows = batch.input_ids.shape[0]
+    return [
+        CompactBatch(
+            batch.input_ids[i : i + size], batch.order[i : i + size], batch.targets[i : i + size], batch.width
+        )
+        for i in range(0, rows, size)
+    ]
+
+
+@torch.no_grad()
+def _forward_pipelined(
+    chunks: list[torch.nn.Module],
+    batch: CompactBatch,
+    temperature: float,
+    chunk_size: int,
+    backend: str,
+    micro_batch_size: int,
+) -> torch.Tensor:
+    """Forward-only pipeline schedule; ``[B, S-1]`` log-probs of the target positions on every stage."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    micros = _split(batch, micro_batch_size)
+    data = iter(micros)
+    if len(chunks) > 1:  # interleaved schedule: one iterator per chunk over the same micro-batches
+        data = [iter(micros) for _ in chunks]
+
+    def forward_step(data_iterator, chunk):
+        micro = next(data_iterator)
+        stage = _unwrap(chunk)
+        with _hidden_states_output(stage):
+            hidden = stage(micro.input_ids, micro.position_ids(), None)
+
+        def loss_func(output: torch.Tensor):
+            values = _hidden_to_logprobs(stage, output, micro, temperature, chunk_size, backend)
+            dense = torch.zeros(micro.targets.shape, dtype=torch.float32, device=values.device)
+            return output.new_zeros(()), {"logprobs": dense.masked_scatter(micro.targets, values)}
+
+        return hidden, loss_func
+
+    seq = batch.input_ids.shape[1]
+    outputs = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=data,
+        model=chunks,
+        num_microbatches=len(micros),
+        seq_length=seq,
+        micro_batch_size=micro_batch_size,
+        forward_only=True,
+    )
+    device = batch.input_ids.device
+    result = torch.zeros(batch.targets.shape, dtype=torch.float32, device=device)
+    if ps.is_pipeline_last_stage(ignore_virtual=True):
+        result = torch.cat([o["logprobs"] for o in outputs]).contiguous()
+    dist.broadcast(
+        result, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+    )
+    return result[batch.targets]
+
+
+def megatron_token_logprobs(
+    model: torch.nn.Module | list[torch.nn.Module],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    backend: str = "auto",
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """float32 ``logprobs[B, T]`` of ``input_ids`` under this rank's megatron model (see module doc).
+
+    Every rank of the tensor/pipeline group must call it with the same batch. Without pipeline
+    parallelism the result is differentiable; with it the forward runs in ``micro_batch_size``-row
+    micro-batches (default: the whole batch) through megatron's schedule, without gradients.
+    """
+    from megatron.core import parallel_state as ps
+
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    first = _unwrap(chunks[0])
+    device = next(first.parameters()).device
+    batch = compact_rows(
+        input_ids.to(device),
+        attention_mask.to(device),
+        None if position_ids is None else position_ids.to(device),
+    )
+    if first.config.sequence_parallel:
+        batch = _pad_to_multiple(batch, ps.get_tensor_model_parallel_world_size())
+    if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
+        values = _forward_stage_local(first, batch, temperature, chunk_size, backend)
+    else:
+        rows = input_ids.shape[0]
+        mbs = micro_batch_size or rows
+        if rows % mbs:
+            raise ValueError(f"batch of {rows} rows is not divisible by micro_batch_size {mbs}")
+        values = _forward_pipelined(list(chunks), batch, temperature, chunk_size, backend, mbs)
+    out = batch.restore(values)
+    return out[:, : input_ids.shape[1]]

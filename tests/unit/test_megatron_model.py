@@ -1,0 +1,302 @@
+"""Megatron-core GPT model built from HF Llama / Qwen2 configs (one process, world size 1, CPU/gloo).
+
+The HF model is the reference: logits, padded-batch token log-probs and their gradients must match
+it, and HF -> megatron shards -> HF must give back every tensor bit for bit, for every TP/PP rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from nemo_azr.config.schema import TinyModelConfig  # noqa: E402
+from nemo_azr.distributed.parallel import ParallelLayout, destroy_parallel, initialize_parallel  # noqa: E402
+from nemo_azr.errors import ConfigError  # noqa: E402
+from nemo_azr.models.megatron import (  # noqa: E402
+    build_gpt_model,
+    check_layout_fits,
+    hf_to_megatron,
+    megatron_to_hf,
+    megatron_token_logprobs,
+    padded_vocab_size,
+)
+from nemo_azr.models.tiny import ensure_tiny_model  # noqa: E402
+from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
+
+ATOL = 1e-5
+LAYOUT = ParallelLayout()
+
+
+@pytest.fixture(scope="module")
+def parallel():
+    # Seeding megatron reseeds torch's global generator: keep that from leaking into other tests.
+    with torch.random.fork_rng(devices=[]):
+        initialize_parallel(LAYOUT, seed=0)
+        yield
+        destroy_parallel()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request, tiny_cache, parallel):
+    """(HF model, megatron model with the HF weights); qwen2 untied with random QKV biases."""
+    family = request.param
+    cfg = TinyModelConfig(family=family, cache_dir=tiny_cache, tie_word_embeddings=family == "llama")
+    hf = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model(cfg)), dtype=torch.float32).eval()
+    if family == "qwen2":  # HF initialises biases to 0: make them count
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if name.endswith("bias"):
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    model = build_gpt_model(hf.config, LAYOUT).eval()
+    shard = hf_to_megatron(hf.state_dict(), hf.config, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+    missing, unexpected = model.load_state_dict(shard, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    return hf, model
+
+
+def padded_batch(vocab: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (4, 1, 6)]
+    responses = [torch.randint(1, vocab, (n,), generator=g).tolist() for n in (3, 6, 0)]
+    return pack_prompt_response(prompts, responses, None, pad_id=0)
+
+
+def hf_token_logprobs(hf, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Reference: column t = log p(token t | real tokens < t); 0 where t or t-1 is padding."""
+    ids, attn = batch["input_ids"], batch["attention_mask"]
+    logits = hf(input_ids=ids, attention_mask=attn, position_ids=batch["position_ids"]).logits
+    lp = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    valid = (attn[:, 1:] > 0) & (attn[:, :-1] > 0)
+    return torch.nn.functional.pad(lp * valid, (1, 0))
+
+
+def test_logits_match_hf(pair):
+    hf, model = pair
+    vocab = hf.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits
+        got = model(ids, torch.arange(12).expand(2, 12), None)
+    assert got.shape[-1] == padded_vocab_size(vocab, LAYOUT) > vocab
+    torch.testing.assert_close(got[..., :vocab], want, atol=ATOL, rtol=0)
+    # Megatron's padded rows give logit 0: the log-prob path must leave them out of the softmax.
+    assert torch.count_nonzero(got[..., vocab:]) == 0
+
+
+def test_token_logprobs_match_hf_on_padded_batch(pair):
+    hf, model = pair
+    batch = padded_batch(hf.config.vocab_size)
+    with torch.no_grad():
+        want = hf_token_logprobs(hf, batch)
+        got = megatron_token_logprobs(
+            model, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+        )
+    assert got.shape == want.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    assert torch.count_nonzero(got[batch["attention_mask"] == 0]) == 0
+
+
+def test_token_logprobs_gradient_matches_hf(pair):
+    """Without pipeline parallelism the log-probs are differentiable (the training path)."""
+    hf, model = pair
+    batch = padded_batch(hf.config.vocab_size)
+    hf.zero_grad()
+    model.zero_grad()
+    hf_token_logprobs(hf, batch).sum().backward()
+    megatron_token_logprobs(
+        model, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    ).sum().backward()
+    vocab = hf.config.vocab_size
+    assert torch.count_nonzero(model.embedding.word_embeddings.weight.grad[vocab:]) == 0  # padding rows
+    torch.testing.assert_close(
+        model.embedding.word_embeddings.weight.grad[:vocab],
+        hf.model.embed_tokens.weight.grad,
+        atol=ATOL,
+        rtol=0,
+    )
+    torch.testing.assert_close(
+        model.decoder.layers[0].mlp.linear_fc2.weight.grad,
+        hf.model.layers[0].mlp.down_proj.weight.grad,
+        atol=ATOL,
+        rtol=0,
+    )
+
+
+def test_position_ids_must_count_real_tokens(pair):
+    hf, model = pair
+    batch = padded_batch(hf.config.vocab_size)
+    with pytest.raises(ValueError, match="position_ids"):
+        megatron_token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"] + 1)
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)])
+def test_hf_megatron_hf_round_trip_is_bit_exact(pair, tp, pp):
+    hf, model = pair
+    sd = {
+        k: v
+        for k, v in hf.state_dict().items()
+        if not (hf.config.tie_word_embeddings and k == "lm_head.weight")
+    }
+    shards = [
+        [hf_to_megatron(sd, hf.config, tp_rank=t, tp_size=tp, pp_rank=p, pp_size=pp) for t in range(tp)]
+        for p in range(pp)
+    ]
+    back = megatron_to_hf(shards, hf.config)
+    assert back.keys() == sd.keys()
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+    if tp == pp == 1:  # the shard has exactly the built model's parameters and shapes
+        params = {k: v.shape for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+        assert {k: v.shape for k, v in shards[0][0].items()} == params
+
+
+def _config(**overrides):
+    from transformers import LlamaConfig
+
+    base = dict(
+        vocab_size=1000,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        intermediate_size=64,
+    )
+    return LlamaConfig(**{**base, **overrides})
+
+
+@pytest.mark.parametrize(
+    "layout,overrides,message",
+    [
+        (ParallelLayout(tp=4), {}, "num_attention_heads 6 is not divisible by tensor parallel size 4"),
+        (ParallelLayout(tp=3), {}, "num_key_value_heads 2 is neither a multiple nor a divisor"),
+        (ParallelLayout(pp=3), {}, "num_hidden_layers 2 is not divisible by pipeline stages"),
+        (ParallelLayout(tp=2), {"vocab_size": 100}, "vocab size 100 is too small for tp=2"),
+        (
+            ParallelLayout(),
+            {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+            "rope_type 'linear'",
+        ),
+    ],
+)
+def test_bad_model_layouts_give_one_line_config_errors(layout, overrides, message):
+    from nemo_azr.models.megatron.builder import transformer_config_from_hf
+
+    with pytest.raises(ConfigError) as info:
+        transformer_config_from_hf(_config(**overrides), layout)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unsupported_model_type_is_a_config_error():
+    from transformers import GPT2Config
+
+    with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported"):
+        check_layout_fits(GPT2Config(), LAYOUT)
+
+
+@pytest.mark.parametrize(
+    "layout,message",
+    [
+        (ParallelLayout(tp=2), "world size 1 is not divisible by tp*pp = 2*1 = 2"),
+        (ParallelLayout(dp=2), "world size 1 != tp*pp*dp = 1*1*2 = 2"),
+    ],
+)
+def test_world_size_mismatch_is_a_config_error(layout, message):
+    with pytest.raises(ConfigError) as info:
+        layout.data_parallel_size(1)
+    assert str(info.value) == message
+
+
+def test_initialize_parallel_rejects_a_layout_bigger_than_the_world(parallel):
+    with pytest.raises(ConfigError, match="world size 1 is not divisible by tp\\*pp = 1\\*2 = 2"):
+        initialize_parallel(ParallelLayout(pp=2), seed=0)
+
+
+def test_layout_from_config():
+    from nemo_azr.config.schema import ParallelConfig
+
+    cfg = ParallelConfig(
+        tensor_model_parallel_size=2, pipeline_model_parallel_size=2, make_vocab_size_divisible_by=64
+    )
+    assert ParallelLayout.from_config(cfg) == ParallelLayout(tp=2, pp=2, make_vocab_size_divisible_by=64)
+
+
+def test_invalid_layout_values_are_config_errors():
+    for kwargs in ({"tp": 0}, {"vpp": 2}, {"sequence_parallel": True}, {"dp": -1}):
+        with pytest.raises(ConfigError):
+            ParallelLayout(**kwargs)
+
+
+def test_cpu_rng_tracker_forks_the_cpu_generator(parallel):
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    from nemo_azr.distributed.cpu_shims import CpuRNGStatesTracker, apply_cpu_shims
+
+    apply_cpu_shims()  # idempotent
+    tracker = get_cuda_rng_tracker()
+    assert isinstance(tracker, CpuRNGStatesTracker)
+    before = torch.get_rng_state()
+    with tracker.fork():
+        first = torch.rand(3)
+    with tracker.fork():
+        second = torch.rand(3)  # the tracked stream advanced
+    assert torch.equal(torch.get_rng_state(), before)  # the default stream is untouched
+    assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("distributed_optimizer", [False, True])
+def test_optimizer_step_on_cpu_matches_torch_adamw(pair, distributed_optimizer):
+    """megatron's DDP + (distributed) optimizer with grad clipping runs on CPU (the optimizer shims)
+    and one step equals torch AdamW + clip_grad_norm_ on the HF model."""
+    import copy
+
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    hf_src, _ = pair
+    hf = copy.deepcopy(hf_src).train()
+    model = build_gpt_model(hf.config, LAYOUT)
+    model.load_state_dict(
+        hf_to_megatron(hf.state_dict(), hf.config, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1), strict=False
+    )
+    ddp = DistributedDataParallel(
+        model.config, DistributedDataParallelConfig(use_distributed_optimizer=distributed_optimizer), model
+    )
+    opt_cfg = OptimizerConfig(
+        optimizer="adam",
+        adam_eps=1.0,
+        lr=1e-2,
+        weight_decay=0.0,
+        clip_grad=0.5,
+        use_distributed_optimizer=distributed_optimizer,
+    )
+    optimizer = get_megatron_optimizer(opt_cfg, [ddp], use_gloo_process_groups=False)
+    batch = padded_batch(hf.config.vocab_size)
+
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    megatron_token_logprobs(
+        ddp, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+    ).sum().backward()
+    finalize_model_grads([ddp])
+    ok, grad_norm, _ = optimizer.step()
+
+    # eps=1: with the usual 1e-8, Adam's first step is ~lr*sign(grad) and amplifies 1e-9 gradient noise.
+    reference = torch.optim.AdamW(hf.parameters(), lr=1e-2, eps=1.0, weight_decay=0.0)
+    hf_token_logprobs(hf, batch).sum().backward()
+    want_norm = torch.nn.utils.clip_grad_norm_(hf.parameters(), 0.5)
+    reference.step()
+
+    assert ok and grad_norm == pytest.approx(float(want_norm), rel=1e-5)
+    tied = hf.config.tie_word_embeddings
+    want = {k: v for k, v in hf.state_dict().items() if not (tied and k == "lm_head.weight")}
+    got = megatron_to_hf([[{k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}]], hf.config)
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, atol=1e-5, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
