@@ -66,10 +66,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         ("data.task", cfg.data.task, TASKS),
         ("rollout.workflow", cfg.rollout.workflow, WORKFLOWS),
     ):
-        if megatron and registry is POLICY_BACKENDS:
-            # "megatron" is a known name even before its backend registers itself (it is written
-            # separately, in nemo_azr/models/megatron); importability was checked just above.
-            continue
+        # "megatron" registers only where megatron-core is installed (its absence failed above).
         known = registry.names() + ([MEGATRON_BACKEND] if registry is POLICY_BACKENDS else [])
         _require(name in registry, f"{key}={name!r} is unknown; known: {', '.join(sorted(set(known)))}")
     _one_of("algorithm.loss_agg_mode", alg.loss_agg_mode, AGG_MODES)

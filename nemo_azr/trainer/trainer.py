@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
 import nemo_azr.algorithms  # noqa: F401  (registers estimators and losses)
@@ -56,6 +57,24 @@ class FitResult:
     step: int
     last_metrics: dict[str, float]
     checkpoint: Path | None
+
+
+def is_main_process() -> bool:
+    """Rank 0, or a run without torch.distributed: the one process that logs and publishes checkpoints."""
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+class _NullLogger:
+    """The metrics logger of ranks > 0 (every rank computes the same metrics; rank 0 writes them)."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def message(self, msg: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def _device(name: str) -> torch.device:
@@ -115,7 +134,17 @@ class Trainer:
 
     # --- checkpoint ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
+        multi = dist.is_initialized() and dist.get_world_size() > 1
+        if multi and not is_main_process():
+            # Saving is collective (weights are gathered): write this rank's part into rank 0's folder.
+            box: list = [None]
+            dist.broadcast_object_list(box, src=0)
+            self.policy.save(Path(box[0]), tokenizer=None)
+            return Path(box[0])
+
         def write(folder: Path) -> None:
+            if multi:
+                dist.broadcast_object_list([str(folder)], src=0)
             self.policy.save(folder, tokenizer=self.tokenizer)
             torch.save(rng_state(), folder / "rng.pt")
             self.state.loader = self.loader.state_dict()
@@ -139,7 +168,9 @@ class Trainer:
         if not cfg_file.is_file():
             raise CheckpointError(f"{folder} is not a complete checkpoint (model/config.json missing)")
         saved = json.loads(cfg_file.read_text())
-        current = self.policy.model.config.to_dict()
+        # A megatron policy's .model.config is megatron's; its HF config is kept as .hf_config.
+        hf_config = getattr(self.policy, "hf_config", None)
+        current = (self.policy.model.config if hf_config is None else hf_config).to_dict()
         diff = [
             f"{k}: checkpoint {saved.get(k)} vs model {current.get(k)}"
             for k in _SHAPE_KEYS
@@ -311,15 +342,21 @@ class Trainer:
         self.setup_generation()
 
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
-        logger = MetricsLogger(
-            cfg.logger,
-            self.output_dir,
-            run_config=run_config,
-            total_steps=cfg.trainer.max_steps,
-            start_step=self.state.step,
-            run_name=cfg.experiment_name,
+        main = is_main_process()
+        logger = (
+            MetricsLogger(
+                cfg.logger,
+                self.output_dir,
+                run_config=run_config,
+                total_steps=cfg.trainer.max_steps,
+                start_step=self.state.step,
+                run_name=cfg.experiment_name,
+            )
+            if main
+            else _NullLogger()
         )
-        (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
+        if main:
+            (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
         for msg in logger_msgs:
             logger.message(msg)
         self.preemption.install()

@@ -14,8 +14,10 @@ from nemo_azr.models.megatron.hf_adapter import (
     megatron_to_hf,
 )
 from nemo_azr.models.megatron.logprobs import megatron_token_logprobs
+from nemo_azr.models.megatron.policy import MegatronPolicy
 
 __all__ = [
+    "MegatronPolicy",
     "build_gpt_model",
     "check_layout_fits",
     "gather_hf_state_dict",
