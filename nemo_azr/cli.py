@@ -7,6 +7,7 @@ User-facing problems print one ``nemo-azr: error: ...`` line and exit with statu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from nemo_azr.errors import NemoAzrError
@@ -26,7 +27,8 @@ def _train(overrides: list[str]) -> int:
         for k in ("reward/mean", "actor/pg_loss")
         if k in result.last_metrics
     )
-    print(f"{result.status} at step {result.step}; {summary}; checkpoint: {result.checkpoint}")
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line (rank 0 owns the checkpoint)
+        print(f"{result.status} at step {result.step}; {summary}; checkpoint: {result.checkpoint}")
     return EXIT_PREEMPTED if result.status == "preempted" else 0
 
 
