@@ -11,7 +11,6 @@ the kernels (torch chunks, or Triton on CUDA).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.optim import build_optimizer
+from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import POLICY_BACKENDS
 
 hf_logging.disable_progress_bar()
@@ -36,7 +36,6 @@ _UNSUPPORTED_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_scaling", "l
 AUTO_CHUNK_BYTES = 64 * 2**20
 MIN_AUTO_CHUNK_TOKENS = 16
 #: Metrics that are sums over micro-batches (already normalised globally); the rest are token-weighted means.
-_SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
 
 
 def auto_chunk_size(vocab_size: int) -> int:
@@ -57,7 +56,7 @@ def _check_supported(model: torch.nn.Module) -> None:
 
 
 @POLICY_BACKENDS.register("hf")
-class HFPolicy:
+class HFPolicy(PPOUpdateMixin):
     """Trainable (actor) or frozen (reference) transformers causal LM."""
 
     def __init__(
@@ -135,62 +134,7 @@ class HFPolicy:
             return to_bt(out[0]), to_bt(out[1])
         return to_bt(out)
 
-    @torch.no_grad()
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
-        was_training = self.model.training
-        self.model.eval()
-        parts = [self.token_logprobs(mb) for mb in batch.split(self.cfg.algorithm.micro_batch_size)]
-        self.model.train(was_training)
-        width = batch.seq_len
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
-
-    # --- RL update -------------------------------------------------------------------------------
-    def update(
-        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
-        """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
-        if self.optimizer is None:
-            raise RuntimeError("setup_optimizer() must be called before update()")
-        alg = self.cfg.algorithm
-        rows = len(batch)
-        mini = alg.mini_batch_size or rows
-        sums: dict[str, float] = defaultdict(float)
-        n_steps = 0
-        skipped = 0
-        for _ in range(alg.ppo_epochs):
-            order = (
-                torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
-            )
-            for rows_idx in order.split(mini):
-                mb = batch.index(rows_idx)
-                n_tok = float(mb[F.LOSS_MASK].sum())
-                if n_tok == 0:
-                    continue
-                self.optimizer.zero_grad(set_to_none=True)
-                step_metrics: dict[str, float] = defaultdict(float)
-                for micro in mb.split(alg.micro_batch_size):
-                    weight = float(micro[F.LOSS_MASK].sum()) / n_tok
-                    loss, m = self.micro_objective(
-                        micro, num_tokens=n_tok, num_seqs=len(mb), norm_length=norm_length
-                    )
-                    loss.backward()
-                    step_metrics["actor/loss"] += float(loss.detach())
-                    for k, v in m.items():
-                        step_metrics[k] += float(v) if k in _SUMMED_METRICS else float(v) * weight
-                grad_norm = self._clip_and_step()
-                step_metrics["actor/grad_norm"] = grad_norm
-                if not math.isfinite(grad_norm):
-                    skipped += 1
-                for k, v in step_metrics.items():
-                    sums[k] += v
-                n_steps += 1
-        out = {k: v / max(1, n_steps) for k, v in sums.items()}
-        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        out["actor/optimizer_steps"] = float(n_steps - skipped)
-        out["actor/skipped_nonfinite_grad"] = float(skipped)
-        return out
-
+    # --- RL update: PPOUpdateMixin (models/ppo_update.py) ---------------------------------------
     def micro_objective(
         self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int, fused: bool | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,12 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.distributed.parallel import ParallelLayout, initialize_parallel
 from nemo_azr.errors import CheckpointError, ConfigError
-from nemo_azr.models.hf_policy import _SUMMED_METRICS, auto_chunk_size
+from nemo_azr.models.hf_policy import auto_chunk_size
 from nemo_azr.models.megatron.builder import build_gpt_model
 from nemo_azr.models.megatron.hf_adapter import gather_hf_state_dict, load_hf_into_megatron
 from nemo_azr.models.megatron.logprobs import megatron_token_logprobs
 from nemo_azr.models.optim import build_optimizer
+from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import POLICY_BACKENDS
 
 __all__ = ["MegatronPolicy"]
@@ -55,7 +55,7 @@ def _world() -> int:
 
 
 @POLICY_BACKENDS.register("megatron")
-class MegatronPolicy:
+class MegatronPolicy(PPOUpdateMixin):
     """Trainable (actor) or frozen (reference) megatron ``GPTModel`` built from a local HF folder."""
 
     def __init__(
@@ -167,62 +167,7 @@ class MegatronPolicy:
         # megatron_token_logprobs fills every real token; the hf backend only the trained ones.
         return lp * (batch[mask_key].to(lp.device) > 0)
 
-    @torch.no_grad()
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
-        was_training = self.model.training
-        self.model.eval()
-        parts = [self.token_logprobs(mb) for mb in batch.split(self.cfg.algorithm.micro_batch_size)]
-        self.model.train(was_training)
-        width = batch.seq_len
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
-
-    # --- RL update (mirrors HFPolicy.update) ------------------------------------------------------
-    def update(
-        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
-        """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
-        if self.optimizer is None:
-            raise RuntimeError("setup_optimizer() must be called before update()")
-        alg = self.cfg.algorithm
-        rows = len(batch)
-        mini = alg.mini_batch_size or rows
-        sums: dict[str, float] = defaultdict(float)
-        n_steps = 0
-        skipped = 0
-        for _ in range(alg.ppo_epochs):
-            order = (
-                torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
-            )
-            for rows_idx in order.split(mini):
-                mb = batch.index(rows_idx)
-                n_tok = float(mb[F.LOSS_MASK].sum())
-                if n_tok == 0:
-                    continue
-                self.optimizer.zero_grad(set_to_none=True)
-                step_metrics: dict[str, float] = defaultdict(float)
-                for micro in mb.split(alg.micro_batch_size):
-                    weight = float(micro[F.LOSS_MASK].sum()) / n_tok
-                    loss, m = self.micro_objective(
-                        micro, num_tokens=n_tok, num_seqs=len(mb), norm_length=norm_length
-                    )
-                    loss.backward()
-                    step_metrics["actor/loss"] += float(loss.detach())
-                    for k, v in m.items():
-                        step_metrics[k] += float(v) if k in _SUMMED_METRICS else float(v) * weight
-                grad_norm = self._clip_and_step()
-                step_metrics["actor/grad_norm"] = grad_norm
-                if not math.isfinite(grad_norm):
-                    skipped += 1
-                for k, v in step_metrics.items():
-                    sums[k] += v
-                n_steps += 1
-        out = {k: v / max(1, n_steps) for k, v in sums.items()}
-        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        out["actor/optimizer_steps"] = float(n_steps - skipped)
-        out["actor/skipped_nonfinite_grad"] = float(skipped)
-        return out
-
+    # --- RL update: PPOUpdateMixin (models/ppo_update.py) ---------------------------------------
     def micro_objective(
         self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int
     ) -> tuple[torch.Tensor, dict[str, float]]:

@@ -1,0 +1,78 @@
+"""The PPO update loop shared by the policy backends (hf, megatron).
+
+A backend supplies ``cfg``, ``model``, ``optimizer``, ``token_logprobs(batch)``,
+``micro_objective(micro, num_tokens=, num_seqs=, norm_length=)`` and ``_clip_and_step()``; the loop
+(PPO epochs x mini-batches x micro-batches with exact gradient accumulation through global
+normalisers) and the no-grad micro-batched log-probs are the same for all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+
+from nemo_azr.contracts import Batch
+from nemo_azr.contracts import fields as F
+
+#: Metrics that are already divided by the global normalisers, so micro-batch values add up.
+SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
+
+
+class PPOUpdateMixin:
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
+        was_training = self.model.training
+        self.model.eval()
+        parts = [self.token_logprobs(mb) for mb in batch.split(self.cfg.algorithm.micro_batch_size)]
+        self.model.train(was_training)
+        width = batch.seq_len
+        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
+
+    # --- RL update -------------------------------------------------------------------------------
+    def update(
+        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
+    ) -> dict[str, float]:
+        """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
+        if self.optimizer is None:
+            raise RuntimeError("setup_optimizer() must be called before update()")
+        alg = self.cfg.algorithm
+        rows = len(batch)
+        mini = alg.mini_batch_size or rows
+        sums: dict[str, float] = defaultdict(float)
+        n_steps = 0
+        skipped = 0
+        for _ in range(alg.ppo_epochs):
+            order = (
+                torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
+            )
+            for rows_idx in order.split(mini):
+                mb = batch.index(rows_idx)
+                n_tok = float(mb[F.LOSS_MASK].sum())
+                if n_tok == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                step_metrics: dict[str, float] = defaultdict(float)
+                for micro in mb.split(alg.micro_batch_size):
+                    weight = float(micro[F.LOSS_MASK].sum()) / n_tok
+                    loss, m = self.micro_objective(
+                        micro, num_tokens=n_tok, num_seqs=len(mb), norm_length=norm_length
+                    )
+                    loss.backward()
+                    step_metrics["actor/loss"] += float(loss.detach())
+                    for k, v in m.items():
+                        step_metrics[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
+                grad_norm = self._clip_and_step()
+                step_metrics["actor/grad_norm"] = grad_norm
+                if not math.isfinite(grad_norm):
+                    skipped += 1
+                for k, v in step_metrics.items():
+                    sums[k] += v
+                n_steps += 1
+        out = {k: v / max(1, n_steps) for k, v in sums.items()}
+        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        out["actor/optimizer_steps"] = float(n_steps - skipped)
+        out["actor/skipped_nonfinite_grad"] = float(skipped)
+        return out
