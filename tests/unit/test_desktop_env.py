@@ -20,35 +20,12 @@ from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.registry import ENVIRONMENTS
 from nemo_azr.rewards.evaluators import score_episodes
 from nemo_azr.rewards.judge import LLMJudge
-from nemo_azr.rollout.base import GenerationOutput, Sample
-
-
-class ScriptedBackend:
-    def __init__(self, texts):
-        self.texts = texts
-        self.calls = []
-
-    def generate(self, requests, sampling):
-        self.calls.append(list(requests))
-        return [
-            GenerationOutput(
-                request=r, samples=[Sample(token_ids=[], logprobs=[], text=t, finish_reason="eos")]
-            )
-            for r, t in zip(requests, self.texts)
-        ]
+from tests.unit.judge_fakes import ScriptedBackend, evaluator_cfg
 
 
 @pytest.fixture(scope="module")
 def tok(tiny_model_path):
     return load_tokenizer(tiny_model_path)
-
-
-def _cfg(safety, completion, env="sandbox_os"):
-    cfg = AbsoluteZeroConfig(safety_evaluator_type=safety, completion_evaluator_type=completion, env=env)
-    cfg.judge = JudgeConfig(
-        safety_rubric="SAFETY RUBRIC", completion_rubric="COMPLETION RUBRIC", default_score=0.5
-    )
-    return cfg
 
 
 # --- desktop_env adapter ----------------------------------------------------------------------
@@ -167,9 +144,9 @@ def test_adapter_episode(fake_osworld, tok):
 
     # The desktop env has no safety rule: the rule evaluator refuses, the llm one is needed.
     with pytest.raises(ConfigError, match="env 'desktop_env' has no rule for safety"):
-        score_episodes([result], [history], _cfg("rule", "rule", env="desktop_env"), None)
+        score_episodes([result], [history], evaluator_cfg("rule", "rule", env="desktop_env"), None)
     judge = LLMJudge(ScriptedBackend(["Score: 0.9"]), tok, JudgeConfig())
-    scores = score_episodes([result], [history], _cfg("llm", "rule", env="desktop_env"), judge)
+    scores = score_episodes([result], [history], evaluator_cfg("llm", "rule", env="desktop_env"), judge)
     assert scores.safety == [0.9] and scores.completion == [0.75] and scores.format == [pytest.approx(2 / 3)]
 
 

@@ -6,28 +6,12 @@ never start a VM: ``desktop_env.desktop_env`` is a fake module put into ``sys.mo
 
 import pytest
 
-from nemo_azr.config.schema import AbsoluteZeroConfig, JudgeConfig
 from nemo_azr.envs.base import EvalResult
 from nemo_azr.errors import ConfigError, RewardError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rewards.evaluators import score_episodes
 from nemo_azr.rewards.judge import LLMJudge
-from nemo_azr.rollout.base import GenerationOutput, Sample
-
-
-class ScriptedBackend:
-    def __init__(self, texts):
-        self.texts = texts
-        self.calls = []
-
-    def generate(self, requests, sampling):
-        self.calls.append(list(requests))
-        return [
-            GenerationOutput(
-                request=r, samples=[Sample(token_ids=[], logprobs=[], text=t, finish_reason="eos")]
-            )
-            for r, t in zip(requests, self.texts)
-        ]
+from tests.unit.judge_fakes import ScriptedBackend, evaluator_cfg
 
 
 @pytest.fixture(scope="module")
@@ -45,16 +29,8 @@ HISTORIES = [
 ]
 
 
-def _cfg(safety, completion, env="sandbox_os"):
-    cfg = AbsoluteZeroConfig(safety_evaluator_type=safety, completion_evaluator_type=completion, env=env)
-    cfg.judge = JudgeConfig(
-        safety_rubric="SAFETY RUBRIC", completion_rubric="COMPLETION RUBRIC", default_score=0.5
-    )
-    return cfg
-
-
 def test_rule_rule_needs_no_judge():
-    out = score_episodes(RESULTS, HISTORIES, _cfg("rule", "rule"), None)
+    out = score_episodes(RESULTS, HISTORIES, evaluator_cfg("rule", "rule"), None)
     assert out.safety == [1.0, 0.0, 1.0]
     assert out.completion == [0.0, 1.0, 0.5]
     assert out.format == [1.0, 0.5, 0.0]
@@ -63,12 +39,12 @@ def test_rule_rule_needs_no_judge():
 
 def test_llm_safety_rule_completion(tok):
     backend = ScriptedBackend(["Score: 0.2", "blah", "9/10"])
-    judge = LLMJudge(backend, tok, _cfg("llm", "rule").judge)
-    out = score_episodes(RESULTS, HISTORIES, _cfg("llm", "rule"), judge)
+    judge = LLMJudge(backend, tok, evaluator_cfg("llm", "rule").judge)
+    out = score_episodes(RESULTS, HISTORIES, evaluator_cfg("llm", "rule"), judge)
     assert out.safety == pytest.approx([0.2, 0.5, 0.9])  # "blah" -> the default 0.5
     assert out.completion == [0.0, 1.0, 0.5]
-    assert len(backend.calls) == 1 and len(backend.calls[0]) == 3
-    assert all("SAFETY RUBRIC" in tok.decode(r.prompt_ids) for r in backend.calls[0])
+    assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 3
+    assert all("SAFETY RUBRIC" in tok.decode(r.prompt_ids) for r in backend.calls[0][0])
     assert out.metrics["judge/calls"] == 3 and out.metrics["judge/parse_failures"] == 1
     assert out.metrics["judge/parse_failure_rate"] == pytest.approx(1 / 3)
     assert (
@@ -80,12 +56,12 @@ def test_llm_safety_rule_completion(tok):
 def test_both_llm_share_one_generate_call(tok):
     replies = ["1", "0", "0.5", "Score: 0.3", "x", "100%"]  # 3 safety, then 3 completion
     backend = ScriptedBackend(replies)
-    judge = LLMJudge(backend, tok, _cfg("llm", "llm").judge)
-    out = score_episodes(RESULTS, HISTORIES, _cfg("llm", "llm"), judge)
+    judge = LLMJudge(backend, tok, evaluator_cfg("llm", "llm").judge)
+    out = score_episodes(RESULTS, HISTORIES, evaluator_cfg("llm", "llm"), judge)
     assert out.safety == pytest.approx([1.0, 0.0, 0.5])
     assert out.completion == pytest.approx([0.3, 0.5, 1.0])
-    assert len(backend.calls) == 1 and len(backend.calls[0]) == 6
-    prompts = [tok.decode(r.prompt_ids) for r in backend.calls[0]]
+    assert len(backend.calls) == 1 and len(backend.calls[0][0]) == 6
+    prompts = [tok.decode(r.prompt_ids) for r in backend.calls[0][0]]
     assert all("SAFETY RUBRIC" in p for p in prompts[:3]) and all(
         "COMPLETION RUBRIC" in p for p in prompts[3:]
     )
@@ -101,16 +77,16 @@ def test_rule_without_env_rule_is_a_config_error():
         ConfigError,
         match=r"absolute_zero.safety_evaluator_type=rule but env 'desktop_env' has no rule for safety.*use llm",
     ):
-        score_episodes(results, HISTORIES[:1], _cfg("rule", "rule", env="desktop_env"), None)
+        score_episodes(results, HISTORIES[:1], evaluator_cfg("rule", "rule", env="desktop_env"), None)
 
 
 def test_bad_configs():
     with pytest.raises(ConfigError, match="completion_evaluator_type must be one of"):
-        score_episodes(RESULTS, HISTORIES, _cfg("rule", "llama"), None)
+        score_episodes(RESULTS, HISTORIES, evaluator_cfg("rule", "llama"), None)
     with pytest.raises(ConfigError, match="safety_evaluator_type=llm needs an LLM judge"):
-        score_episodes(RESULTS, HISTORIES, _cfg("llm", "rule"), None)
+        score_episodes(RESULTS, HISTORIES, evaluator_cfg("llm", "rule"), None)
     with pytest.raises(ValueError, match="3 eval results but 2 histories"):
-        score_episodes(RESULTS, HISTORIES[:2], _cfg("rule", "rule"), None)
+        score_episodes(RESULTS, HISTORIES[:2], evaluator_cfg("rule", "rule"), None)
     nan = [EvalResult(safety_score=float("nan"), completion_score=1.0, format_score=1.0)]
     with pytest.raises(RewardError, match="safety_score of episode 0"):
-        score_episodes(nan, HISTORIES[:1], _cfg("rule", "rule"), None)
+        score_episodes(nan, HISTORIES[:1], evaluator_cfg("rule", "rule"), None)

@@ -14,9 +14,9 @@ from nemo_azr.rewards.judge import (
     parse_judge_score,
     render_transcript,
 )
-from nemo_azr.rollout.base import GenerationOutput, Sample
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
+from tests.unit.judge_fakes import ScriptedBackend
 
 
 @pytest.mark.parametrize(
@@ -55,23 +55,6 @@ def test_parse_judge_score(text, expected):
         assert got is None
     else:
         assert got == pytest.approx(expected)
-
-
-class ScriptedBackend:
-    """Returns fixed reply texts in request order and records every call."""
-
-    def __init__(self, texts):
-        self.texts = texts
-        self.calls = []
-
-    def generate(self, requests, sampling):
-        self.calls.append((list(requests), sampling))
-        return [
-            GenerationOutput(
-                request=r, samples=[Sample(token_ids=[], logprobs=[], text=t, finish_reason="eos")]
-            )
-            for r, t in zip(requests, self.texts)
-        ]
 
 
 @pytest.fixture(scope="module")
