@@ -26,12 +26,12 @@ from nemo_azr.rewards.evaluators import score_episodes
 from nemo_azr.rewards.judge import LLMJudge, build_judge
 from nemo_azr.rollout.base import GenerationBackend, SamplingParams
 from nemo_azr.rollout.multi_step import (
-    Episode,
     evaluate_episode,
     history_messages,
     run_episodes,
     start_episodes,
 )
+from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch
 from nemo_azr.selfplay.learnability import QuestionScores, filter_group
 from nemo_azr.selfplay.metrics import filter_metrics, harm_metrics, joint_metrics
@@ -60,7 +60,7 @@ class AbsoluteZeroWorkflow:
         self.role_estimators = {"solver": cfg.algorithm.estimator, "proposer": self.az.proposer_estimator}
         self._judge: LLMJudge | None = None
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)
-        self._warmup_pool: dict[str, list[tuple[str, list[dict], list[Episode]]]] = {}
+        self._warmup_pool: dict[str, list[tuple[str, list[dict], list[list[int]]]]] = {}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     # --- the step ----------------------------------------------------------------------------------
@@ -201,8 +201,8 @@ class AbsoluteZeroWorkflow:
         return self._judge
 
     # --- supervised warm-up ------------------------------------------------------------------------
-    def _warmup_group(self, seed_task: Example) -> tuple[str, list[dict], list[Episode]]:
-        """A templated group for ``seed_task`` with its reset episodes, drawn from a pool of
+    def _warmup_group(self, seed_task: Example) -> tuple[str, list[dict], list[list[int]]]:
+        """A templated group for ``seed_task`` with its solver prompt ids, drawn from a pool of
         ``WARMUP_POOL_SIZE`` per seed: parsing can be costly (python_exec runs every program in
         the sandbox), so each distinct group is parsed once and reused."""
         pool = self._warmup_pool.setdefault(seed_task.prompt_id, [])
@@ -216,25 +216,23 @@ class AbsoluteZeroWorkflow:
                 self.tokenizer,
                 system_prompt=self.domain.solver_system_prompt(),
             )
-            pool.append((text, questions, episodes))
+            pool.append((text, questions, [ep.prompt_ids for ep in episodes]))
             return pool[-1]
         return self._warmup_rng.choice(pool)
 
     def sft_pairs(self, examples: Sequence[Example]) -> list[tuple[list[int], list[int]]]:
         """Templated proposer outputs and solver turns for each seed (see the domain's templates)."""
-        from nemo_azr.rollout.single_turn import encode_prompt
-
         tok, rng, k = self.tokenizer, self._warmup_rng, self.az.questions_per_group
         eos = [tok.eos_token_id]
         pairs = []
         for seed_task in examples:
-            text, questions, episodes = self._warmup_group(seed_task)
+            text, questions, solver_prompts = self._warmup_group(seed_task)
             if self.az.enable_task_proposal:
                 prompt = encode_prompt(tok, self.domain.proposer_messages(seed_task, k))
                 pairs.append((prompt, tok(text, add_special_tokens=False)["input_ids"] + eos))
-            for q, ep in zip(questions, episodes):
+            for q, prompt_ids in zip(questions, solver_prompts):
                 target = self.domain.warmup_solution(q, rng)
-                pairs.append((ep.prompt_ids, tok(target, add_special_tokens=False)["input_ids"] + eos))
+                pairs.append((prompt_ids, tok(target, add_special_tokens=False)["input_ids"] + eos))
         return pairs
 
 
