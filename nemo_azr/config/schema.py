@@ -155,6 +155,7 @@ class TrainerConfig:
     save_interval: int = 0  # checkpoint every N steps; 0: only at the end
     keep_last: int = 2  # complete checkpoints kept; 0 keeps all
     resume: str = "auto"  # auto: newest complete checkpoint in output_dir | never | a step_N path
+    save_hf_weights: bool = True  # megatron backend: checkpoints also hold the HF export model/ (rank 0)
     device: str = "cpu"  # cpu | cuda | auto
     num_threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     deterministic: bool = True

@@ -61,6 +61,10 @@ _REMAPPED_MODULES: dict[str, str] = {
     "torch.cuda.current_device()",
     "megatron.core.optimizer.grad_scaler": "ConstantGradScaler / DynamicGradScaler keep the scale on "
     "device='cuda'",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": "FileSystemWriterAsync."
+    "preload_tensors calls torch.cuda.synchronize() after its host copies (every torch_dist save)",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver": "save_state_dict_async_plan / "
+    "_finalize all-reduce their flags on device='cuda' / torch.cuda.current_device()",
 }
 
 # Tensor factories whose device="cuda" argument the proxy maps to the CPU.

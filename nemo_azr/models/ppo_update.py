@@ -20,6 +20,15 @@ from nemo_azr.contracts import fields as F
 SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
 
 
+def add_micro_metrics(
+    acc: dict[str, float], loss: torch.Tensor, metrics: dict[str, float], *, weight: float
+) -> None:
+    """Add one micro-batch's loss and metrics to ``acc`` (``weight``: its share of the mini-batch tokens)."""
+    acc["actor/loss"] += float(loss.detach())
+    for k, v in metrics.items():
+        acc[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
+
+
 class PPOUpdateMixin:
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -30,6 +39,18 @@ class PPOUpdateMixin:
         self.model.train(was_training)
         width = batch.seq_len
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
+
+    def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
+        """Backward of one mini-batch in micro-batches; its metrics (token-weighted means, or sums of
+        the already-normalised losses). Backends with pipeline/data parallelism override it."""
+        step_metrics: dict[str, float] = defaultdict(float)
+        for micro in mb.split(self.cfg.algorithm.micro_batch_size):
+            loss, m = self.micro_objective(
+                micro, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
+            )
+            loss.backward()
+            add_micro_metrics(step_metrics, loss, m, weight=float(micro[F.LOSS_MASK].sum()) / num_tokens)
+        return dict(step_metrics)
 
     # --- RL update -------------------------------------------------------------------------------
     def update(
@@ -54,16 +75,7 @@ class PPOUpdateMixin:
                 if n_tok == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
-                step_metrics: dict[str, float] = defaultdict(float)
-                for micro in mb.split(alg.micro_batch_size):
-                    weight = float(micro[F.LOSS_MASK].sum()) / n_tok
-                    loss, m = self.micro_objective(
-                        micro, num_tokens=n_tok, num_seqs=len(mb), norm_length=norm_length
-                    )
-                    loss.backward()
-                    step_metrics["actor/loss"] += float(loss.detach())
-                    for k, v in m.items():
-                        step_metrics[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
+                step_metrics = self.accumulate_gradients(mb, num_tokens=n_tok, norm_length=norm_length)
                 grad_norm = self._clip_and_step()
                 step_metrics["actor/grad_norm"] = grad_norm
                 if not math.isfinite(grad_norm):

@@ -140,7 +140,8 @@ class Trainer:
             box: list = [None]
             dist.broadcast_object_list(box, src=0)
             self.policy.save(Path(box[0]), tokenizer=None)
-            return Path(box[0])
+            dist.barrier()  # rank 0 publishes the folder (rename to step_N) before this returns
+            return self.checkpointer.root / f"step_{self.state.step}"
 
         def write(folder: Path) -> None:
             if multi:
@@ -151,7 +152,10 @@ class Trainer:
             (folder / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
             (folder / "config.yaml").write_text(to_yaml(self.cfg))
 
-        return self.checkpointer.save(self.state.step, write)
+        folder = self.checkpointer.save(self.state.step, write)
+        if multi:
+            dist.barrier()
+        return folder
 
     def load_checkpoint(self, folder: Path) -> None:
         self._check_model_shape(folder)

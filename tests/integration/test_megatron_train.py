@@ -1,5 +1,7 @@
 """The ``megatron`` policy backend trains like ``hf``: same loss and weights after a GRPO step on one
-process, and TP=2 over gloo (torchrun, 2 processes) runs a few steps with the same step-0 loss."""
+process and at DP=2 and PP=2 over gloo (torchrun, 2 processes); a TP=2 run resumed from its
+checkpoint continues the same metrics; its checkpoint loads at TP=1/DP=2, PP=2 and TP=2 with the same
+log-probs as the HF export of that checkpoint."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from nemo_azr.trainer.trainer import Trainer  # noqa: E402
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
 WORKER = Path(__file__).with_name("megatron_train_worker.py")
+LAYOUTS_WORKER = Path(__file__).with_name("megatron_layouts_worker.py")
 ATOL = 1e-5
 TIMEOUT_S = 300
 SFT_STEPS = 40
@@ -93,51 +96,108 @@ def test_single_process_matches_hf(hf_step, warm_model, tiny_cache, tmp_path):
             assert key == "lm_head.weight"
             continue
         torch.testing.assert_close(state[key], want, atol=ATOL, rtol=0, msg=key)
-    # The checkpoint round trip restores the HF folder and this rank's optimizer state.
+    # The checkpoint round trip: dist/ restores the weights and the optimizer state exactly.
     folder = trainer.save_checkpoint()
-    assert (folder / "model" / "model.safetensors").is_file() and (folder / "optim_rank0.pt").is_file()
+    assert (folder / "model" / "model.safetensors").is_file() and (
+        folder / "dist" / "metadata.json"
+    ).is_file()
+    saved_optim = trainer.policy.optimizer.state_dict()
+    trainer.policy.setup_optimizer(total_steps=10)  # a fresh optimizer: load must restore it
     trainer.load_checkpoint(folder)
     for key, value in trainer.policy.export_hf_state_dict().items():
         assert torch.equal(value, state[key]), key
+    loaded_optim = trainer.policy.optimizer.state_dict()
+    assert loaded_optim["param_groups"][0]["lr"] == saved_optim["param_groups"][0]["lr"]
+    assert trainer.policy.scheduler.last_epoch == 1
+    for pid, st in saved_optim["state"].items():
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(loaded_optim["state"][pid][name], st[name]), (pid, name)
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["parallel=tp1pp2"], "pipeline-parallel training is not implemented yet; use parallel=tp2pp1"),
-        (["algorithm.entropy_coef=0.01"], "entropy_coef > 0 is not supported by model.backend=megatron"),
-    ],
-)
-def test_unsupported_layouts_are_rejected(extra, message, tiny_cache, tmp_path):
-    cfg = load_config(overrides(tiny_cache, tmp_path, "model.backend=megatron", *extra))
-    with pytest.raises(ConfigError, match=message):
+def test_unsupported_options_are_rejected(tiny_cache, tmp_path):
+    cfg = load_config(
+        overrides(tiny_cache, tmp_path, "model.backend=megatron", "algorithm.entropy_coef=0.01")
+    )
+    with pytest.raises(ConfigError, match="entropy_coef > 0 is not supported by model.backend=megatron"):
         Trainer(cfg)
 
 
-def test_tp2_over_gloo_trains(hf_step, warm_model, tiny_cache, tmp_path):
-    out = tmp_path / "run"
-    args = overrides(
-        tiny_cache,
-        out,
-        "parallel=tp2pp1",
-        f"model.path={warm_model}",
-        "trainer.max_steps=6",
-    )
+def fixed_batch(vocab: int, rows: int = 4, width: int = 12) -> dict[str, torch.Tensor]:
+    """Left-padded rows of random tokens; every real token after the first is scored."""
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(3, vocab, (rows, width), generator=g)
+    attn = torch.ones(rows, width, dtype=torch.long)
+    for r in range(rows):
+        attn[r, : 2 * r] = 0  # 0, 2, 4, 6 padding columns
+    ids = ids * attn
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    loss = attn.clone()
+    loss[torch.arange(rows), attn.argmax(dim=1)] = 0  # the first real token has no prediction
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "loss_mask": loss}
+
+
+@pytest.fixture(scope="module")
+def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
+    """One torchrun launch (2 processes) of megatron_layouts_worker.py; its output folder."""
+    out = tmp_path_factory.mktemp("layouts")
+    vocab = json.loads((Path(warm_model) / "config.json").read_text())["vocab_size"]
+    torch.save(fixed_batch(vocab), out / "batch.pt")
+    spec = {
+        "overrides": [*overrides(tiny_cache, out, "model.backend=megatron", f"model.path={warm_model}")],
+        "step_layouts": ["tp1pp1", "tp1pp2"],
+        "run": ["trainer.max_steps=4", "trainer.save_interval=2", "trainer.keep_last=0"],
+        "reshard_layouts": ["tp1pp1", "tp1pp2", "tp2pp1"],
+        "batch_file": str(out / "batch.pt"),
+    }
+    (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     proc = subprocess.run(
-        [*cmd, str(WORKER), str(tmp_path), *args],
+        [*cmd, str(LAYOUTS_WORKER), str(out), str(out / "spec.json")],
         env=env,
         capture_output=True,
         text=True,
         timeout=TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result == {"status": "completed", "step": 6, "world": 2}
-    records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(6))  # rank 0 alone wrote each step once
-    assert records[0]["actor/loss"] == pytest.approx(hf_step[0]["actor/loss"], abs=ATOL)
-    assert all(torch.isfinite(torch.tensor(r["actor/loss"])) for r in records)
-    ckpt = out / "checkpoints" / "step_6"
-    assert (ckpt / "optim_rank0.pt").is_file() and (ckpt / "optim_rank1.pt").is_file()
+    return out
+
+
+@pytest.mark.parametrize("layout", ["tp1pp1", "tp1pp2"], ids=["dp2", "pp2"])
+def test_data_and_pipeline_parallel_step_matches_hf(layout, layouts_run, hf_step):
+    hf_metrics, hf_state = hf_step
+    got = torch.load(layouts_run / f"step_{layout}.pt")
+    assert hf_metrics["actor/grad_norm"] > 0
+    for key in ("actor/loss", "actor/pg_loss", "actor/clip_frac"):
+        assert got["metrics"][key] == pytest.approx(hf_metrics[key], abs=ATOL), key
+    assert got["metrics"]["actor/grad_norm"] == pytest.approx(hf_metrics["actor/grad_norm"], rel=1e-4)
+    for key, want in hf_state.items():
+        if key in got["weights"]:
+            torch.testing.assert_close(got["weights"][key], want, atol=ATOL, rtol=0, msg=key)
+
+
+def test_tp2_resume_continues_the_same_metrics(layouts_run, hf_step):
+    run_a = read_metrics(layouts_run / "run_a" / "metrics.jsonl")
+    run_b = read_metrics(layouts_run / "run_b" / "metrics.jsonl")
+    assert [r["step"] for r in run_a] == [0, 1, 2, 3]  # rank 0 alone wrote each step once
+    assert run_a[0]["actor/loss"] == pytest.approx(hf_step[0]["actor/loss"], abs=ATOL)
+    assert [r["step"] for r in run_b] == [2, 3]
+    for a, b in zip(run_a[2:], run_b):
+        for key in ("actor/loss", "actor/grad_norm", "reward/mean", "batch/tokens", "actor/lr"):
+            assert b[key] == pytest.approx(a[key], abs=1e-6), (a["step"], key)
+    for step in (2, 4):
+        assert (layouts_run / "run_a" / "checkpoints" / f"step_{step}" / "dist" / "metadata.json").is_file()
+
+
+def test_checkpoint_loads_at_other_layouts_with_identical_logprobs(layouts_run, tiny_cache):
+    from nemo_azr.contracts import Batch
+    from nemo_azr.models.hf_policy import HFPolicy
+
+    batch = Batch(tensors=torch.load(layouts_run / "batch.pt"))
+    export = layouts_run / "run_a" / "checkpoints" / "step_4" / "model"
+    cfg = load_config(overrides(tiny_cache, layouts_run, "model.backend=hf", f"model.path={export}"))
+    want = HFPolicy(export, cfg, trainable=False).compute_logprobs(batch)
+    assert (want != 0).sum() == batch["loss_mask"].sum()
+    for layout in ("tp1pp1", "tp1pp2", "tp2pp1"):
+        got = torch.load(layouts_run / f"reshard_{layout}.pt")
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=layout)

@@ -161,6 +161,9 @@ def transformer_config_from_hf(hf_config: Any, layout: ParallelLayout, *, dtype:
         fp16=dtype == torch.float16,
         use_cpu_initialization=True,
         init_method_std=getattr(hf_config, "initializer_range", 0.02),
+        # The project's losses already carry their global normalisers (tokens of the whole
+        # mini-batch): the pipeline schedule must not divide them by tokens or micro-batches again.
+        calculate_per_token_loss=True,
     )
 
 

@@ -21,15 +21,23 @@ tensor-parallel group. With pipeline parallelism the forward runs through megatr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from nemo_azr.kernels import linear_token_logprobs
 
-__all__ = ["CompactBatch", "compact_rows", "megatron_token_logprobs"]
+__all__ = [
+    "CompactBatch",
+    "PipelineLossFn",
+    "compact_rows",
+    "megatron_token_logprobs",
+    "pad_rows",
+    "run_pipeline",
+]
 
 
 @dataclass
@@ -187,20 +195,46 @@ def _split(batch: CompactBatch, size: int) -> list[CompactBatch]:
     ]
 
 
-@torch.no_grad()
-def _forward_pipelined(
+#: ``loss_fn(index, micro, values)`` of :func:`run_pipeline`: micro-batch ``index`` of the compacted
+#: batch and the log-probs ``[N]`` of its target positions -> (scalar loss, metrics dict).
+PipelineLossFn = Callable[[int, CompactBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
+
+
+def pad_rows(batch: CompactBatch, multiple: int) -> CompactBatch:
+    """Append empty rows (no real tokens, no targets) up to a multiple of ``multiple`` rows: the
+    pipeline schedule sends tensors of one fixed ``[S, micro_batch_size, H]`` shape."""
+    extra = -batch.input_ids.shape[0] % multiple
+    if not extra:
+        return batch
+    return CompactBatch(
+        input_ids=torch.nn.functional.pad(batch.input_ids, (0, 0, 0, extra)),
+        order=torch.cat([batch.order, batch.order[:1].expand(extra, -1)]),
+        targets=torch.nn.functional.pad(batch.targets, (0, 0, 0, extra)),
+        width=batch.width,
+    )
+
+
+def run_pipeline(
     chunks: list[torch.nn.Module],
     batch: CompactBatch,
+    micro_batch_size: int,
+    loss_fn: PipelineLossFn,
+    *,
+    forward_only: bool,
     temperature: float,
     chunk_size: int,
     backend: str,
-    micro_batch_size: int,
-) -> torch.Tensor:
-    """Forward-only pipeline schedule; ``[B, S-1]`` log-probs of the target positions on every stage."""
-    from megatron.core import parallel_state as ps
+) -> list[dict[str, Any]]:
+    """Micro-batches of ``batch`` through megatron's pipeline schedule (1F1B, or interleaved with
+    virtual stages); with ``forward_only=False`` gradients accumulate in the parameters.
+
+    ``batch`` must hold a multiple of ``micro_batch_size`` rows (:func:`pad_rows`). Returns the
+    metrics dicts of ``loss_fn`` on the last pipeline stage (an empty list on the other stages).
+    """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     micros = _split(batch, micro_batch_size)
+    position = iter(range(len(micros)))
     data = iter(micros)
     if len(chunks) > 1:  # interleaved schedule: one iterator per chunk over the same micro-batches
         data = [iter(micros) for _ in chunks]
@@ -213,29 +247,59 @@ def _forward_pipelined(
 
         def loss_func(output: torch.Tensor):
             values = _hidden_to_logprobs(stage, output, micro, temperature, chunk_size, backend)
-            dense = torch.zeros(micro.targets.shape, dtype=torch.float32, device=values.device)
-            return output.new_zeros(()), {"logprobs": dense.masked_scatter(micro.targets, values)}
+            loss, metrics = loss_fn(next(position), micro, values)
+            # Three outputs + config.calculate_per_token_loss: the loss is used as given.
+            return loss, torch.ones((), dtype=torch.int), metrics
 
         return hidden, loss_func
 
-    seq = batch.input_ids.shape[1]
-    outputs = get_forward_backward_func()(
+    return get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=data,
         model=chunks,
         num_microbatches=len(micros),
-        seq_length=seq,
+        seq_length=batch.input_ids.shape[1],
         micro_batch_size=micro_batch_size,
-        forward_only=True,
+        forward_only=forward_only,
     )
-    device = batch.input_ids.device
-    result = torch.zeros(batch.targets.shape, dtype=torch.float32, device=device)
+
+
+@torch.no_grad()
+def _forward_pipelined(
+    chunks: list[torch.nn.Module],
+    batch: CompactBatch,
+    temperature: float,
+    chunk_size: int,
+    backend: str,
+    micro_batch_size: int,
+) -> torch.Tensor:
+    """Forward-only pipeline schedule; ``[N]`` log-probs of the target positions on every stage."""
+    from megatron.core import parallel_state as ps
+
+    rows = batch.input_ids.shape[0]
+    padded = pad_rows(batch, micro_batch_size)
+
+    def keep_logprobs(_index: int, micro: CompactBatch, values: torch.Tensor):
+        dense = torch.zeros(micro.targets.shape, dtype=torch.float32, device=values.device)
+        return values.new_zeros(()), {"logprobs": dense.masked_scatter(micro.targets, values.float())}
+
+    outputs = run_pipeline(
+        chunks,
+        padded,
+        micro_batch_size,
+        keep_logprobs,
+        forward_only=True,
+        temperature=temperature,
+        chunk_size=chunk_size,
+        backend=backend,
+    )
+    result = torch.zeros(padded.targets.shape, dtype=torch.float32, device=batch.input_ids.device)
     if ps.is_pipeline_last_stage(ignore_virtual=True):
         result = torch.cat([o["logprobs"] for o in outputs]).contiguous()
     dist.broadcast(
         result, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
     )
-    return result[batch.targets]
+    return result[:rows][batch.targets]
 
 
 def megatron_token_logprobs(
@@ -270,10 +334,7 @@ def megatron_token_logprobs(
     if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
         values = _forward_stage_local(first, batch, temperature, chunk_size, backend)
     else:
-        rows = input_ids.shape[0]
-        mbs = micro_batch_size or rows
-        if rows % mbs:
-            raise ValueError(f"batch of {rows} rows is not divisible by micro_batch_size {mbs}")
+        mbs = micro_batch_size or input_ids.shape[0]
         values = _forward_pipelined(list(chunks), batch, temperature, chunk_size, backend, mbs)
     out = batch.restore(values)
     return out[:, : input_ids.shape[1]]

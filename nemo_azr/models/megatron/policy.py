@@ -1,19 +1,30 @@
-"""``megatron`` policy backend: a megatron-core ``GPTModel`` (tensor parallel, PP=1) trained like ``hf``.
+"""``megatron`` policy backend: a megatron-core ``GPTModel`` (tensor/pipeline/data parallel) trained like ``hf``.
 
 Same interface and maths as :class:`nemo_azr.models.hf_policy.HFPolicy` (the non-fused path): the loss
 is ``policy_objective`` on the log-probs of :func:`megatron_token_logprobs`, with the same global
 normalisers, micro-batch accumulation, AdamW + LR schedule and grad clipping (over the whole model:
-the norm sums each tensor-parallel shard once). Every rank runs the same rollout with its own HF
-generation copy (``generation_model`` / ``export_hf_state_dict``), so no data is broadcast.
+the norm sums each tensor/pipeline shard once).
 
-Not implemented yet (one-line ConfigError): pipeline parallelism, data parallelism (dp > 1) and the
-entropy bonus (``algorithm.entropy_coef > 0``).
+Every rank runs the same rollout with its own HF generation copy (``generation_model`` /
+``export_hf_state_dict``), so the whole batch is on every rank and no data is broadcast. Each
+mini-batch's rows are then split over the data-parallel ranks (strided, so each gets a similar mix);
+the losses keep the mini-batch's global normalisers, so summing the gradients over the
+data-parallel group (one all-reduce) gives exactly the one-process gradient. With pipeline
+parallelism a rank's rows go through megatron's schedule (1F1B / interleaved) in
+``parallel.micro_batch_size``-row micro-batches; the last stage computes the loss.
+
+Checkpoints: ``dist/`` (megatron ``dist_checkpointing``, torch_dist: model and optimizer state with
+their sharding, so they load at another TP/PP/DP layout) and ``model/`` (the HF export, rank 0).
+
+Not implemented yet (one-line ConfigError): the entropy bonus (``algorithm.entropy_coef > 0``).
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +41,26 @@ from nemo_azr.distributed.parallel import ParallelLayout, initialize_parallel
 from nemo_azr.errors import CheckpointError, ConfigError
 from nemo_azr.models.hf_policy import auto_chunk_size
 from nemo_azr.models.megatron.builder import build_gpt_model
+from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint, save_dist_checkpoint
+from nemo_azr.models.megatron.grads import (
+    all_reduce_data_parallel_grads,
+    all_reduce_tied_embedding_grads,
+    model_grad_norm,
+)
 from nemo_azr.models.megatron.hf_adapter import gather_hf_state_dict, load_hf_into_megatron
-from nemo_azr.models.megatron.logprobs import megatron_token_logprobs
+from nemo_azr.models.megatron.logprobs import (
+    CompactBatch,
+    compact_rows,
+    megatron_token_logprobs,
+    pad_rows,
+    run_pipeline,
+)
 from nemo_azr.models.optim import build_optimizer
-from nemo_azr.models.ppo_update import PPOUpdateMixin
+from nemo_azr.models.ppo_update import SUMMED_METRICS, PPOUpdateMixin, add_micro_metrics
 from nemo_azr.registry import POLICY_BACKENDS
 
 __all__ = ["MegatronPolicy"]
 
-PP_UNSUPPORTED = "pipeline-parallel training is not implemented yet; use parallel=tp2pp1"
-DP_UNSUPPORTED = (
-    "data-parallel training (dp > 1) with model.backend=megatron is not implemented yet; "
-    "run tp*pp = world size processes (e.g. parallel=tp2pp1 on 2 processes)"
-)
 ENTROPY_UNSUPPORTED = "algorithm.entropy_coef > 0 is not supported by model.backend=megatron yet"
 
 
@@ -52,6 +70,11 @@ def _rank() -> int:
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+#: ``loss_fn(micro, logprobs)`` of :meth:`MegatronPolicy.backward_rows`: a micro-batch of the contract
+#: and its differentiable log-probs ``[b, T]`` (loss-masked) -> (scalar loss, metrics).
+MicroLossFn = Callable[[Batch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
 
 
 @POLICY_BACKENDS.register("megatron")
@@ -72,8 +95,6 @@ class MegatronPolicy(PPOUpdateMixin):
         self.model_path = Path(model_path)
         self.device = torch.device(device)
         self.trainable = trainable
-        if cfg.parallel.pipeline_model_parallel_size > 1:
-            raise ConfigError(PP_UNSUPPORTED)
         if cfg.algorithm.entropy_coef > 0:
             raise ConfigError(ENTROPY_UNSUPPORTED)
         self.hf_config = AutoConfig.from_pretrained(str(self.model_path))
@@ -81,22 +102,26 @@ class MegatronPolicy(PPOUpdateMixin):
         kv = getattr(self.hf_config, "num_key_value_heads", None) or 0
         # Under torchrun the process group may not exist yet: the launcher's WORLD_SIZE is the truth.
         world = _world() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
-        resolved = validate_parallel(
+        self.resolved = validate_parallel(
             cfg,
             world_size=world,
             num_attention_heads=self.hf_config.num_attention_heads,
             num_key_value_heads=kv,
             num_layers=self.hf_config.num_hidden_layers,
         )
-        if resolved.dp > 1:
-            raise ConfigError(DP_UNSUPPORTED)
         # A frozen reference model shares the actor's groups: re-initialising would replace them.
         if trainable or not ps.model_parallel_is_initialized():
-            initialize_parallel(self.layout, seed=cfg.seed, backend=resolved.backend)
+            initialize_parallel(self.layout, seed=cfg.seed, backend=self.resolved.backend)
         dtype = getattr(torch, cfg.model.dtype)
-        self.model = build_gpt_model(self.hf_config, self.layout, dtype=dtype)
-        load_hf_into_megatron(self.model, self.model_path, self.layout)
+        # One model chunk per virtual pipeline stage (interleaved schedule), else one.
+        self.chunks = [
+            build_gpt_model(self.hf_config, self.layout, dtype=dtype, vp_stage=v if self.layout.vpp else None)
+            for v in range(max(1, self.layout.vpp))
+        ]
+        self.model = torch.nn.ModuleList(self.chunks)  # parameters / train() / eval() of all chunks
+        load_hf_into_megatron(self.chunks, self.model_path, self.layout)
         self.temperature = cfg.generation.temperature
+        self.micro_batch_size = self.resolved.micro_batch_size
         self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.hf_config.vocab_size)
         self.kernel_backend = cfg.model.kernel_backend
         if trainable:
@@ -109,9 +134,25 @@ class MegatronPolicy(PPOUpdateMixin):
         self.scheduler = None
         self._hf_model: torch.nn.Module | None = None
 
+    # --- layout helpers --------------------------------------------------------------------------
+    @property
+    def _pipelined(self) -> bool:
+        return self.layout.pp > 1
+
+    def _dp(self) -> tuple[int, int]:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+
+    def _my_rows(self, rows: int) -> torch.Tensor:
+        """This data-parallel rank's rows of a ``rows``-row batch (strided)."""
+        rank, size = self._dp()
+        return torch.arange(rank, rows, size)
+
     # --- optimisation set-up ----------------------------------------------------------------------
     def setup_optimizer(self, total_steps: int) -> None:
-        # AdamW is elementwise, so each TP rank stepping its own shard equals stepping the full tensor.
+        # AdamW is elementwise, so each TP/PP rank stepping its own shard equals stepping the full
+        # tensor; data-parallel replicas step identical (all-reduced) gradients.
         self.optimizer, self.scheduler = build_optimizer(
             self.model.parameters(), self.cfg.optim, total_steps=total_steps
         )
@@ -123,7 +164,7 @@ class MegatronPolicy(PPOUpdateMixin):
         With tied embeddings ``lm_head.weight`` is the embedding, as in a transformers state dict
         (so a strict ``load_state_dict`` of the generation copy accepts it).
         """
-        full = gather_hf_state_dict(self.model, self.hf_config, self.layout)
+        full = gather_hf_state_dict(self.chunks, self.hf_config, self.layout)
         if full is not None and getattr(self.hf_config, "tie_word_embeddings", False):
             full.setdefault("lm_head.weight", full["model.embed_tokens.weight"])
         if _world() == 1:
@@ -154,26 +195,140 @@ class MegatronPolicy(PPOUpdateMixin):
 
     # --- log-probs -------------------------------------------------------------------------------
     def token_logprobs(self, batch: Batch, *, mask_key: str = F.LOSS_MASK) -> torch.Tensor:
-        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere)."""
+        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere).
+
+        Differentiable without pipeline parallelism; with it a no-grad forward through the schedule.
+        """
         lp = megatron_token_logprobs(
-            self.model,
+            self.chunks,
             batch[F.INPUT_IDS],
             batch[F.ATTENTION_MASK],
             batch.get(F.POSITION_IDS),
             temperature=self.temperature,
             chunk_size=self.chunk_size,
             backend=self.kernel_backend,
+            micro_batch_size=self.micro_batch_size,
         )
         # megatron_token_logprobs fills every real token; the hf backend only the trained ones.
         return lp * (batch[mask_key].to(lp.device) > 0)
 
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """No-grad log-probs[B, T] (old / reference): each data-parallel rank computes its rows,
+        then one all-gather puts the whole batch on every rank."""
+        was_training = self.model.training
+        self.model.eval()
+        rows = self._my_rows(len(batch))
+        mine = batch.index(rows)
+        if self._pipelined:  # the schedule micro-batches itself (and pipelines the micro-batches)
+            local = self.token_logprobs(mine) if len(mine) else torch.zeros(0, batch.seq_len)
+        else:
+            parts = [self.token_logprobs(mb) for mb in mine.split(self.micro_batch_size)]
+            local = torch.cat(parts) if parts else torch.zeros(0, batch.seq_len)
+        self.model.train(was_training)
+        local = local.float().cpu()
+        _, dp = self._dp()
+        if dp == 1:
+            return local
+        from megatron.core import parallel_state as ps
+
+        # Strided rows: rank r holds rows r, r+dp, ...; pad every rank to the same row count.
+        per_rank = -(-len(batch) // dp)
+        padded = torch.zeros(per_rank, batch.seq_len)
+        padded[: len(local)] = local
+        parts = [torch.empty_like(padded) for _ in range(dp)]
+        dist.all_gather(parts, padded, group=ps.get_data_parallel_group())
+        out = torch.zeros(len(batch), batch.seq_len)
+        for r, part in enumerate(parts):
+            idx = torch.arange(r, len(batch), dp)
+            out[idx] = part[: len(idx)]
+        return out
+
+    # --- gradients of a mini-batch -----------------------------------------------------------------
+    def backward_rows(self, mb: Batch, loss_fn: MicroLossFn) -> dict[str, float]:
+        """Accumulate the gradients of ``loss_fn`` over this data-parallel rank's rows of ``mb``
+        (micro-batched, pipelined when pp > 1), then sum them over the data-parallel group.
+
+        ``loss_fn`` must normalise by mini-batch totals, so the summed gradient equals one process
+        running all rows. Returns the summed micro-batch metrics, identical on every rank.
+        """
+        from megatron.core import parallel_state as ps
+
+        mine = mb.index(self._my_rows(len(mb)))
+        metrics: dict[str, float] = defaultdict(float)
+        if len(mine) and not self._pipelined:
+            for micro in mine.split(self.micro_batch_size):
+                loss, m = loss_fn(micro, self.token_logprobs(micro))
+                loss.backward()
+                add_micro_metrics(metrics, loss, m, weight=1.0)
+        elif len(mine):
+            metrics = self._backward_pipelined(mine, loss_fn)
+        if self._pipelined:
+            all_reduce_tied_embedding_grads(self.chunks)
+        _, dp = self._dp()
+        if dp > 1:
+            all_reduce_data_parallel_grads(self.model.parameters(), ps.get_data_parallel_group())
+            gathered: list[dict[str, float]] = [{} for _ in range(dp)]
+            dist.all_gather_object(gathered, dict(metrics), group=ps.get_data_parallel_group())
+            metrics = defaultdict(float)
+            for part in gathered:
+                for k, v in part.items():
+                    metrics[k] += v
+        return dict(metrics)
+
+    def _backward_pipelined(self, rows: Batch, loss_fn: MicroLossFn) -> dict[str, float]:
+        """Forward/backward of ``rows`` through megatron's pipeline schedule; metrics on every stage."""
+        from megatron.core import parallel_state as ps
+
+        mbs = self.micro_batch_size
+        compact = compact_rows(rows[F.INPUT_IDS], rows[F.ATTENTION_MASK], rows.get(F.POSITION_IDS))
+        compact = pad_rows(compact, mbs)  # every micro-batch has mbs rows (fixed p2p shapes)
+        micros = [rows.index(torch.arange(i, min(i + mbs, len(rows)))) for i in range(0, len(rows), mbs)]
+        width = rows.seq_len
+
+        def pipeline_loss(index: int, micro: CompactBatch, values: torch.Tensor):
+            batch = micros[index]
+            lp = micro.restore(values)[: len(batch), :width]
+            lp = lp * (batch[F.LOSS_MASK].to(lp.device) > 0)
+            loss, m = loss_fn(batch, lp)
+            return loss, {"loss": float(loss.detach()), **{k: float(v) for k, v in m.items()}}
+
+        outputs = run_pipeline(
+            self.chunks,
+            compact,
+            mbs,
+            pipeline_loss,
+            forward_only=False,
+            temperature=self.temperature,
+            chunk_size=self.chunk_size,
+            backend=self.kernel_backend,
+        )
+        metrics: dict[str, float] = defaultdict(float)
+        for out in outputs:
+            loss = torch.tensor(out.pop("loss"))
+            add_micro_metrics(metrics, loss, out, weight=1.0)
+        box = [dict(metrics)]
+        dist.broadcast_object_list(
+            box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+        )
+        return box[0]
+
     # --- RL update: PPOUpdateMixin (models/ppo_update.py) ---------------------------------------
-    def micro_objective(
-        self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int
+    def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
+        def objective(micro: Batch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, m = self._objective(
+                micro, logprobs, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
+            )
+            # Token-weighted metrics: weigh by this micro-batch's share of the mini-batch's tokens.
+            weight = float(micro[F.LOSS_MASK].sum()) / num_tokens
+            return loss, {k: (v if k in SUMMED_METRICS else float(v) * weight) for k, v in m.items()}
+
+        return self.backward_rows(mb, objective)
+
+    def _objective(
+        self, micro: Batch, logprobs: torch.Tensor, *, num_tokens: float, num_seqs: int, norm_length: int
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss and metrics of one micro-batch (global normalisers given) via ``policy_objective``."""
         old = micro.get(F.OLD_LOGPROBS)
-        logprobs = self.token_logprobs(micro)
         return policy_objective(
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if old is None else old.to(logprobs.device),
@@ -186,18 +341,20 @@ class MegatronPolicy(PPOUpdateMixin):
             norm_length=norm_length,
         )
 
-    def _grad_norm(self) -> float:
-        """Global L2 norm of the gradients: each TP shard once, replicated tensors (norms) once."""
-        from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+    def micro_objective(
+        self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss and metrics of one micro-batch (global normalisers given) via ``policy_objective``."""
+        return self._objective(
+            micro,
+            self.token_logprobs(micro),
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            norm_length=norm_length,
+        )
 
-        sq = torch.zeros((), dtype=torch.float64)
-        for p in self.model.parameters():
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
-                sq += p.grad.detach().double().pow(2).sum().cpu()
-        if ps.get_tensor_model_parallel_world_size() > 1:
-            dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
-        return float(sq.sqrt())
+    def _grad_norm(self) -> float:
+        return model_grad_norm(self.model.parameters())
 
     def _clip(self, max_norm: float) -> float:
         norm = self._grad_norm()
@@ -223,46 +380,36 @@ class MegatronPolicy(PPOUpdateMixin):
     def sft_step(self, batch: Batch, optimizer: torch.optim.Optimizer) -> float:
         """One step of mean token NLL over ``loss_mask`` (supervised warm-up)."""
         optimizer.zero_grad(set_to_none=True)
-        lp = self.token_logprobs(batch)
-        mask = batch[F.LOSS_MASK].to(lp.device)
-        loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
-        loss.backward()
+        total = float(batch[F.LOSS_MASK].sum()) or 1.0
+
+        def nll(micro: Batch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+            mask = micro[F.LOSS_MASK].to(logprobs.device)
+            return -(logprobs * mask).sum() / total, {}
+
+        metrics = self.backward_rows(batch, nll)
         if self.cfg.optim.grad_clip > 0:
             self._clip(self.cfg.optim.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach())
+        return metrics.get("actor/loss", 0.0)
 
     # --- checkpoint ------------------------------------------------------------------------------
     def save(self, folder: Path, *, tokenizer: Any = None) -> None:
-        """Rank 0 writes ``folder/model`` (HF format); every rank its ``optim_rank{r}.pt``. Collective."""
-        hf = self._hf_copy()  # collective gather on every rank
-        if _rank() == 0:
-            hf.save_pretrained(folder / "model")
-            if tokenizer is not None:
-                tokenizer.save_pretrained(folder / "model")
-        if self.optimizer is not None:
-            torch.save(
-                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                folder / f"optim_rank{_rank()}.pt",
-            )
-        if _world() > 1:  # the checkpoint is complete only once every rank has written
-            dist.barrier()
+        """Collective. ``dist/``: every rank's shards (dist_checkpointing); ``model/``: rank 0's HF
+        export (weights when ``trainer.save_hf_weights``, else config and tokenizer only)."""
+        if self.cfg.trainer.save_hf_weights:
+            hf = self._hf_copy()  # collective gather on every rank
+            if _rank() == 0:
+                hf.save_pretrained(folder / "model")
+        elif _rank() == 0:
+            self.hf_config.save_pretrained(folder / "model")
+        if tokenizer is not None and _rank() == 0:
+            tokenizer.save_pretrained(folder / "model")
+        save_dist_checkpoint(self.chunks, self.optimizer, self.scheduler, folder / "dist")
 
     def load(self, folder: Path) -> None:
-        model_dir = folder / "model"
-        if not (model_dir / "model.safetensors").is_file():
-            raise CheckpointError(f"{folder} has no model/model.safetensors")
-        try:
-            load_hf_into_megatron(self.model, model_dir, self.layout)
-        except (RuntimeError, KeyError) as exc:
+        if not (folder / "dist").is_dir():
             raise CheckpointError(
-                f"checkpoint {folder} does not fit this model (another model shape?): {str(exc).splitlines()[0]}"
-            ) from None
-        if self.optimizer is not None:
-            optim_file = folder / f"optim_rank{_rank()}.pt"
-            if not optim_file.is_file():
-                raise CheckpointError(f"{folder} has no {optim_file.name} (saved with another layout?)")
-            state = torch.load(optim_file, weights_only=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+                f"{folder} has no dist/ (megatron checkpoint); to start from HF weights use model.path"
+            )
+        load_dist_checkpoint(self.chunks, self.optimizer, self.scheduler, folder / "dist")

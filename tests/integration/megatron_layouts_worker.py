@@ -1,0 +1,73 @@
+"""One rank of the megatron layout checks (run by test_megatron_layouts.py: torchrun, 2 processes, gloo).
+
+Scenarios, in one launch (megatron's groups are re-created for each layout):
+
+1. ``step``: one GRPO step from the warm model at data parallel 2 (``tp1pp1``) and pipeline
+   parallel 2 (``tp1pp2``); rank 0 saves the step's metrics and the gathered HF weights.
+2. ``run_a``: 4 steps at ``tp2pp1`` with a checkpoint every 2 steps; ``run_b``: the same run resumed
+   from run A's ``step_2`` checkpoint.
+3. ``reshard``: run A's ``step_4`` checkpoint loaded at ``tp1pp1`` (dp 2), ``tp1pp2`` and ``tp2pp1``;
+   rank 0 saves the log-probs of a fixed batch.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 megatron_layouts_worker.py OUT SPEC.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def _trainer(spec: dict, *extra: str):
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.trainer.trainer import Trainer
+
+    return Trainer(load_config([*spec["overrides"], *extra]))
+
+
+def _save(obj, path: Path) -> None:
+    if dist.get_rank() == 0:
+        torch.save(obj, path)
+
+
+def main(out: str, spec_file: str) -> None:
+    from nemo_azr.contracts import Batch
+
+    out_dir = Path(out)
+    spec = json.loads(Path(spec_file).read_text())
+    for layout in spec["step_layouts"]:
+        trainer = _trainer(spec, f"parallel={layout}", f"trainer.output_dir={out_dir / ('step_' + layout)}")
+        trainer.setup_generation()
+        metrics = trainer.train_step(0)
+        _save(
+            {"metrics": metrics, "weights": trainer.policy.export_hf_state_dict()},
+            out_dir / f"step_{layout}.pt",
+        )
+
+    run_a = out_dir / "run_a"
+    _trainer(spec, "parallel=tp2pp1", f"trainer.output_dir={run_a}", *spec["run"]).fit()
+    _trainer(
+        spec,
+        "parallel=tp2pp1",
+        f"trainer.output_dir={out_dir / 'run_b'}",
+        f"trainer.resume={run_a / 'checkpoints' / 'step_2'}",
+        *spec["run"],
+    ).fit()
+
+    batch = Batch(tensors=torch.load(spec["batch_file"]))
+    for layout in spec["reshard_layouts"]:
+        trainer = _trainer(
+            spec, f"parallel={layout}", f"trainer.output_dir={out_dir / ('reshard_' + layout)}"
+        )
+        trainer.load_checkpoint(run_a / "checkpoints" / "step_4")
+        _save(trainer.policy.compute_logprobs(batch), out_dir / f"reshard_{layout}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
