@@ -1,4 +1,4 @@
-"""``nemo-azr`` command line: ``train``, ``eval``, ``plot-selfplay``, ``make-tiny-model``, ``show-config``.
+"""``nemo-azr`` command line: ``train``, ``eval``, ``convert``, ``plot-selfplay``, ``make-tiny-model``, ``show-config``.
 
 Everything after the sub-command is a Hydra override (``trainer.max_steps=50 algorithm=rloo``).
 User-facing problems print one ``nemo-azr: error: ...`` line and exit with status 2.
@@ -79,6 +79,30 @@ def _plot_selfplay(overrides: list[str]) -> int:
     return 0
 
 
+CONVERT_USAGE = (
+    "usage: nemo-azr convert {hf-to-megatron,megatron-to-hf} SRC OUT [overrides...] "
+    "(overrides pick the layout, e.g. parallel=tp2pp1 under torchrun)"
+)
+
+
+def _convert(args: list[str]) -> int:
+    from pathlib import Path
+
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.errors import ConfigError
+    from nemo_azr.models.megatron.convert import hf_to_megatron_checkpoint, megatron_to_hf_checkpoint
+
+    directions = {"hf-to-megatron": hf_to_megatron_checkpoint, "megatron-to-hf": megatron_to_hf_checkpoint}
+    if len(args) < 3 or args[0] not in directions or any("=" in a for a in args[:3]):
+        raise ConfigError(CONVERT_USAGE)
+    src, out = Path(args[1]).expanduser(), Path(args[2]).expanduser()
+    cfg = load_config(["model.backend=megatron", f"model.path={src}", *args[3:]])
+    written = directions[args[0]](src, out, cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"{args[0]}: {src} -> {written}")
+    return 0
+
+
 COMMANDS = {
     "train": (_train, "run RL training (default: tiny model, arithmetic, CPU)"),
     "eval": (_eval, "RLCR calibration of a checkpoint: metrics.json + reliability diagram"),
@@ -86,6 +110,7 @@ COMMANDS = {
         _plot_selfplay,
         "plot learnable ratio and proposer reward of a self-play run (<output_dir>/selfplay.png)",
     ),
+    "convert": (_convert, "HF <-> megatron checkpoints: convert {hf-to-megatron,megatron-to-hf} SRC OUT"),
     "show-config": (_show_config, "print the composed, validated config"),
     "make-tiny-model": (
         _make_tiny_model,

@@ -182,10 +182,13 @@ def _build(cfg: TinyModelConfig, folder: Path) -> None:
 
 
 def resolve_model_path(path: str, tiny: TinyModelConfig) -> Path:
-    """``"tiny"`` -> the built-in tiny model (built if needed); otherwise a local HF model folder."""
+    """``"tiny"`` -> the built-in tiny model (built if needed); otherwise a local HF model folder or
+    a megatron checkpoint folder (``dist/`` + ``model/``: a trainer checkpoint or ``nemo-azr convert``)."""
     if path == TINY_MODEL_PATH:
         return ensure_tiny_model(tiny)
     folder = Path(path).expanduser()
+    if (folder / "dist").is_dir() and (folder / "model" / "config.json").is_file():
+        return folder.resolve()  # a megatron checkpoint (model.backend=megatron reads dist/)
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"model.path {path!r} is not a local HF model folder (config.json missing); "

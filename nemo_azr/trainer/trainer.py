@@ -23,7 +23,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
-from nemo_azr.errors import CheckpointError, RewardError
+from nemo_azr.errors import CheckpointError, ConfigError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
 from nemo_azr.rollout.hf_backend import sampling_from_config
@@ -100,7 +100,13 @@ class Trainer:
         # the environment's seed tasks.
         self.task = build_selfplay_task(cfg) if cfg.absolute_zero.enabled else build_task(cfg.data)
         self.model_path = resolve_model_path(cfg.model.path, cfg.model.tiny)
-        self.tokenizer = load_tokenizer(self.model_path)
+        megatron_ckpt = (self.model_path / "dist").is_dir()
+        if megatron_ckpt and cfg.model.backend != "megatron":
+            raise ConfigError(
+                f"model.path {self.model_path} is a megatron checkpoint: use model.backend=megatron, "
+                "or export it with `nemo-azr convert megatron-to-hf`"
+            )
+        self.tokenizer = load_tokenizer(self.model_path / "model" if megatron_ckpt else self.model_path)
         self.loader = PromptLoader(
             self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed
         )

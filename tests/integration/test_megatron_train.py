@@ -201,3 +201,50 @@ def test_checkpoint_loads_at_other_layouts_with_identical_logprobs(layouts_run, 
     for layout in ("tp1pp1", "tp1pp2", "tp2pp1"):
         got = torch.load(layouts_run / f"reshard_{layout}.pt")
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0, msg=layout)
+
+
+def test_convert_round_trip_is_exact_and_the_result_is_a_model_path(warm_model, tiny_cache, tmp_path):
+    from safetensors.torch import load_file
+
+    from nemo_azr.cli import main as cli_main
+    from nemo_azr.contracts import Batch
+    from nemo_azr.models.hf_policy import HFPolicy
+
+    mg, hf = tmp_path / "mg", tmp_path / "hf"
+    assert cli_main(["convert", "hf-to-megatron", warm_model, str(mg)]) == 0
+    assert (mg / "dist" / "metadata.json").is_file() and not (mg / "model" / "model.safetensors").exists()
+    assert cli_main(["convert", "megatron-to-hf", str(mg), str(hf)]) == 0
+    want, got = load_file(Path(warm_model) / "model.safetensors"), load_file(hf / "model.safetensors")
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key
+    assert cli_main(["convert", "hf-to-megatron", warm_model, str(mg)]) == 2  # never overwrites
+
+    # The converted folder is a model.path of the megatron backend: same log-probs as the HF model.
+    vocab = json.loads((Path(warm_model) / "config.json").read_text())["vocab_size"]
+    batch = Batch(tensors=fixed_batch(vocab))
+    cfg = load_config(overrides(tiny_cache, tmp_path / "run", "model.backend=megatron", f"model.path={mg}"))
+    trainer = Trainer(cfg)
+    ref_cfg = load_config(overrides(tiny_cache, tmp_path, "model.backend=hf", f"model.path={warm_model}"))
+    want_lp = HFPolicy(warm_model, ref_cfg, trainable=False).compute_logprobs(batch)
+    torch.testing.assert_close(trainer.policy.compute_logprobs(batch), want_lp, atol=ATOL, rtol=0)
+    hf_cfg = load_config(overrides(tiny_cache, tmp_path / "run2", "model.backend=hf", f"model.path={mg}"))
+    with pytest.raises(ConfigError, match="is a megatron checkpoint: use model.backend=megatron"):
+        Trainer(hf_cfg)
+
+
+def test_checkpoint_of_another_model_shape_fails_in_one_line(tiny_cache, tmp_path):
+    from nemo_azr.errors import CheckpointError
+    from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint
+
+    base = overrides(tiny_cache, tmp_path / "a", "model.backend=megatron", "trainer.max_steps=1")
+    folder = Trainer(load_config(base)).fit().checkpoint
+    wider = overrides(tiny_cache, tmp_path / "b", "model.backend=megatron", "model.tiny.hidden_size=64")
+    other = Trainer(load_config([*wider, f"trainer.resume={folder}"]))
+    with pytest.raises(CheckpointError) as exc:
+        other.load_checkpoint(folder)
+    assert "was written for another model shape" in str(exc.value) and "\n" not in str(exc.value)
+    # The dist checkpoint alone (no config to compare) fails as clearly.
+    with pytest.raises(CheckpointError) as exc:
+        load_dist_checkpoint(other.policy.chunks, None, None, folder / "dist")
+    assert "does not fit this model (another model shape?)" in str(exc.value) and "\n" not in str(exc.value)

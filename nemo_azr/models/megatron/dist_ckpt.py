@@ -23,6 +23,14 @@ __all__ = ["load_dist_checkpoint", "save_dist_checkpoint"]
 _ADAM_STATES = ("exp_avg", "exp_avg_sq")
 
 
+def _root_cause(exc: BaseException) -> str:
+    """The innermost error line of ``exc``: torch's CheckpointException wraps each rank's traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if "Exception: " in line or "Error: " in line]
+    text = causes[-1].split(": ", 1)[1] if causes else (lines[0] if lines else type(exc).__name__)
+    return text[:300]
+
+
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -94,10 +102,11 @@ def load_dist_checkpoint(
     sharded = _sharded_state_dict(chunks, optimizer, scheduler, for_load=True)
     try:
         loaded = dist_checkpointing.load(sharded, str(folder))
-    except Exception as exc:  # megatron raises several types (shape mismatch, missing keys)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - torch's CheckpointException derives from BaseException
         raise CheckpointError(
-            f"checkpoint {folder} does not fit this model (another model shape?): {first[:300]}"
+            f"checkpoint {folder} does not fit this model (another model shape?): {_root_cause(exc)}"
         ) from None
     for i, chunk in enumerate(chunks):
         missing, unexpected = chunk.load_state_dict(loaded["model"][f"model{i}"], strict=False)

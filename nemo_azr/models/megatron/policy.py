@@ -64,6 +64,20 @@ __all__ = ["MegatronPolicy"]
 ENTROPY_UNSUPPORTED = "algorithm.entropy_coef > 0 is not supported by model.backend=megatron yet"
 
 
+def megatron_source(path: Path) -> tuple[Path, Path | None]:
+    """(folder with the HF config, dist checkpoint folder or None) of a ``model.path``: a HF model
+    folder, or a megatron checkpoint (a trainer ``step_N`` folder or ``nemo-azr convert`` output)."""
+    if (path / "dist").is_dir():
+        if not (path / "model" / "config.json").is_file():
+            raise CheckpointError(f"{path} has dist/ but no model/config.json (the HF config of the model)")
+        return path / "model", path / "dist"
+    if not (path / "config.json").is_file():
+        raise CheckpointError(
+            f"{path} is neither a HF model folder (config.json) nor a megatron checkpoint (dist/)"
+        )
+    return path, None
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -97,7 +111,9 @@ class MegatronPolicy(PPOUpdateMixin):
         self.trainable = trainable
         if cfg.algorithm.entropy_coef > 0:
             raise ConfigError(ENTROPY_UNSUPPORTED)
-        self.hf_config = AutoConfig.from_pretrained(str(self.model_path))
+        # model.path: a HF folder, or a megatron checkpoint (dist/ + model/ with the HF config).
+        self.config_dir, dist_dir = megatron_source(self.model_path)
+        self.hf_config = AutoConfig.from_pretrained(str(self.config_dir))
         self.layout = ParallelLayout.from_config(cfg.parallel)
         kv = getattr(self.hf_config, "num_key_value_heads", None) or 0
         # Under torchrun the process group may not exist yet: the launcher's WORLD_SIZE is the truth.
@@ -119,7 +135,10 @@ class MegatronPolicy(PPOUpdateMixin):
             for v in range(max(1, self.layout.vpp))
         ]
         self.model = torch.nn.ModuleList(self.chunks)  # parameters / train() / eval() of all chunks
-        load_hf_into_megatron(self.chunks, self.model_path, self.layout)
+        if dist_dir is None:
+            load_hf_into_megatron(self.chunks, self.model_path, self.layout)
+        else:
+            load_dist_checkpoint(self.chunks, None, None, dist_dir)
         self.temperature = cfg.generation.temperature
         self.micro_batch_size = self.resolved.micro_batch_size
         self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.hf_config.vocab_size)
@@ -182,9 +201,9 @@ class MegatronPolicy(PPOUpdateMixin):
 
     def _hf_copy(self) -> torch.nn.Module:
         """A transformers model (local files only) holding the current weights."""
-        if self._hf_model is None:
-            self._hf_model = AutoModelForCausalLM.from_pretrained(
-                str(self.model_path), dtype=getattr(torch, self.cfg.model.dtype), local_files_only=True
+        if self._hf_model is None:  # built from the config: its weights come from the export
+            self._hf_model = AutoModelForCausalLM.from_config(
+                self.hf_config, dtype=getattr(torch, self.cfg.model.dtype)
             )
         self._hf_model.load_state_dict(self.export_hf_state_dict())
         return self._hf_model
