@@ -249,6 +249,7 @@ class Trainer:
         t_update = time.perf_counter()
 
         self.backend.sync_weights(self.policy)
+        t_refit = time.perf_counter()
         self.state.policy_version = self.backend.version
         self.state.samples_seen += len(batch)
         self.state.consecutive_skips = 0
@@ -259,6 +260,7 @@ class Trainer:
                 "timing/reward_s": t_reward - t_rollout,
                 "timing/logprob_s": t_logprob - t_reward,
                 "timing/update_s": t_update - t_logprob,
+                "timing/refit_s": t_refit - t_update,
                 "timing/step_s": time.perf_counter() - t_start,
                 "trainer/policy_version": float(self.state.policy_version),
                 "trainer/samples_seen": float(self.state.samples_seen),

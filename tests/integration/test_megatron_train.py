@@ -30,6 +30,7 @@ LAYOUTS_WORKER = Path(__file__).with_name("megatron_layouts_worker.py")
 ATOL = 1e-5
 TIMEOUT_S = 300
 SFT_STEPS = 40
+RUN = ["trainer.max_steps=4", "trainer.save_interval=2", "trainer.keep_last=0"]
 
 
 def overrides(cache: str, out: Path, *extra: str) -> list[str]:
@@ -145,7 +146,7 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
     spec = {
         "overrides": [*overrides(tiny_cache, out, "model.backend=megatron", f"model.path={warm_model}")],
         "step_layouts": ["tp1pp1", "tp1pp2"],
-        "run": ["trainer.max_steps=4", "trainer.save_interval=2", "trainer.keep_last=0"],
+        "run": RUN,
         "reshard_layouts": ["tp1pp1", "tp1pp2", "tp2pp1"],
         "batch_file": str(out / "batch.pt"),
     }
@@ -176,11 +177,24 @@ def test_data_and_pipeline_parallel_step_matches_hf(layout, layouts_run, hf_step
             torch.testing.assert_close(got["weights"][key], want, atol=ATOL, rtol=0, msg=key)
 
 
-def test_tp2_resume_continues_the_same_metrics(layouts_run, hf_step):
+def test_tp2_grpo_run_follows_the_hf_backend(layouts_run, warm_model, tiny_cache, tmp_path):
+    """Four GRPO steps at TP=2 (two processes) take the hf backend's path: same rewards, same losses."""
+    out = tmp_path / "hf"
+    cfg = load_config(overrides(tiny_cache, out, "model.backend=hf", f"model.path={warm_model}", *RUN))
+    Trainer(cfg).fit()
+    hf_run = read_metrics(out / "metrics.jsonl")
+    tp2 = read_metrics(layouts_run / "run_a" / "metrics.jsonl")
+    assert [r["step"] for r in tp2] == [r["step"] for r in hf_run] == [0, 1, 2, 3]  # rank 0 logs once
+    assert len({r["reward/mean"] for r in hf_run}) > 1  # the policy (and its samples) changed
+    for a, b in zip(hf_run, tp2):
+        assert b["reward/mean"] == a["reward/mean"], a["step"]
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4), a["step"]
+
+
+def test_tp2_resume_continues_the_same_metrics(layouts_run):
     run_a = read_metrics(layouts_run / "run_a" / "metrics.jsonl")
     run_b = read_metrics(layouts_run / "run_b" / "metrics.jsonl")
-    assert [r["step"] for r in run_a] == [0, 1, 2, 3]  # rank 0 alone wrote each step once
-    assert run_a[0]["actor/loss"] == pytest.approx(hf_step[0]["actor/loss"], abs=ATOL)
     assert [r["step"] for r in run_b] == [2, 3]
     for a, b in zip(run_a[2:], run_b):
         for key in ("actor/loss", "actor/grad_norm", "reward/mean", "batch/tokens", "actor/lr"):
