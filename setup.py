@@ -6,7 +6,10 @@ setup(
     description="RL trainer for LLMs: Absolute Zero self-play, RLCR, GRPO/PPO on HF or Megatron-core",
     packages=find_packages(include=["nemo_azr", "nemo_azr.*", "launcher", "launcher.*"]),
     include_package_data=True,
-    package_data={"nemo_azr": ["conf/**/*.yaml", "conf/*.yaml"]},
+    package_data={
+        "nemo_azr": ["conf/**/*.yaml", "conf/*.yaml"],
+        "launcher": ["templates/*.tmpl", "templates/local-cluster/*.sh"],  # launcher/templates -> ../slurm
+    },
     python_requires=">=3.10",
     install_requires=[
         # CPU installs pin torch==2.13.0 first (see README); GPU images bring their own torch.
@@ -38,5 +41,5 @@ setup(
         "gpu": ["megatron-core>=0.16", "transformer-engine", "tensorrt-llm", "triton"],
         "megatron": ["megatron-core>=0.16", "psutil"],  # model.backend=megatron
     },
-    entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:main"]},
+    entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:main", "nemo-azr-launch=launcher.cli:main"]},
 )

@@ -29,7 +29,8 @@ def _train(overrides: list[str]) -> int:
     )
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line (rank 0 owns the checkpoint)
         print(f"{result.status} at step {result.step}; {summary}; checkpoint: {result.checkpoint}")
-    return EXIT_PREEMPTED if result.status == "preempted" else 0
+    # 75 tells the SLURM batch script "checkpoint written, continue me" (requeue or next chain link).
+    return EXIT_PREEMPTED if result.status in ("preempted", "paused") else 0
 
 
 def _show_config(overrides: list[str]) -> int:

@@ -156,10 +156,12 @@ class TrainerConfig:
     keep_last: int = 2  # complete checkpoints kept; 0 keeps all
     resume: str = "auto"  # auto: newest complete checkpoint in output_dir | never | a step_N path
     save_hf_weights: bool = True  # megatron backend: checkpoints also hold the HF export model/ (rank 0)
+    async_save: bool = False  # megatron backend: write checkpoint shards in a background process
     device: str = "cpu"  # cpu | cuda | auto
     num_threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     deterministic: bool = True
     max_skipped_steps: int = 3  # consecutive steps skipped for bad rewards before stopping
+    max_steps_per_run: int = 0  # stop after N steps of this run (checkpoint, exit 75); 0: no limit
 
 
 @dataclass
@@ -314,6 +316,34 @@ class AbsoluteZeroConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """SLURM job shape for ``nemo-azr-launch`` (group ``cluster/``); the trainer itself ignores it."""
+
+    partition: str = ""  # "" -> the cluster's default partition
+    account: str = ""
+    qos: str = ""
+    nodes: int = 1
+    tasks_per_node: int = 1  # training processes (ranks) per node; nodes x this = world size
+    gpus_per_node: int = 0  # 0: CPU job; else one rank per GPU (tasks_per_node must match)
+    cpus_per_task: int = 0  # 0: Slurm's default
+    mem: str = ""  # --mem per node (e.g. "200G"); "" -> Slurm's default
+    time: str = "01:00:00"  # --time limit
+    launcher: str = "srun"  # srun: one task per rank | torchrun: one torchrun per node
+    container_image: str = ""  # pyxis --container-image (registry image or .sqsh file); "" -> no container
+    container_mounts: list[str] = field(default_factory=list)  # pyxis mounts, "src:dst[:flags]"
+    container_workdir: str = ""  # "" -> the submission directory
+    env: dict[str, str] = field(default_factory=dict)  # exported in the batch script
+    setup: list[str] = field(default_factory=list)  # shell lines run before srun (module load, venv)
+    sbatch_flags: list[str] = field(default_factory=list)  # extra sbatch flags, e.g. "--exclusive"
+    srun_flags: list[str] = field(default_factory=list)  # extra srun flags
+    signal_margin_s: int = 120  # SIGUSR1 this many seconds before the time limit (--signal=B:USR1@N)
+    max_requeues: int = 20  # a preempted job requeues itself at most this many times
+    python: str = ""  # the job's interpreter; "" -> the submitting one, or "python" in a container
+    log_dir: str = "slurm_logs"  # one folder per submission under this
+    job_name: str = ""  # "" -> experiment_name
+
+
+@dataclass
 class NemoAzrConfig:
     experiment_name: str = "default"
     seed: int = 0
@@ -330,4 +360,5 @@ class NemoAzrConfig:
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     absolute_zero: AbsoluteZeroConfig = field(default_factory=AbsoluteZeroConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form, for user plug-ins

@@ -129,6 +129,14 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(tr.save_interval >= 0 and tr.keep_last >= 0, "trainer.save_interval/keep_last must be >= 0")
     _require(bool(tr.output_dir), "trainer.output_dir must be set")
     _require(tr.max_skipped_steps >= 0, "trainer.max_skipped_steps must be >= 0")
+    _require(
+        not tr.async_save or megatron,
+        "trainer.async_save=true needs model.backend=megatron (the hf backend saves synchronously)",
+    )
+    _require(
+        tr.max_steps_per_run >= 0,
+        f"trainer.max_steps_per_run must be >= 0 (0: no limit), got {tr.max_steps_per_run}",
+    )
     _require(cfg.model.logprob_chunk_size >= 0, "model.logprob_chunk_size must be >= 0 (0 = auto)")
     _one_of("model.kernel_backend", cfg.model.kernel_backend, KERNEL_BACKENDS)
     _require(

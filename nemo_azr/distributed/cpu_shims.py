@@ -65,6 +65,8 @@ _REMAPPED_MODULES: dict[str, str] = {
     "preload_tensors calls torch.cuda.synchronize() after its host copies (every torch_dist save)",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver": "save_state_dict_async_plan / "
     "_finalize all-reduce their flags on device='cuda' / torch.cuda.current_device()",
+    "megatron.core.dist_checkpointing.strategies.async_utils": "TemporalAsyncCaller (trainer.async_save) "
+    "calls torch.cuda.synchronize() and all-reduces its done flags on torch.cuda.current_device()",
 }
 
 # Tensor factories whose device="cuda" argument the proxy maps to the CPU.

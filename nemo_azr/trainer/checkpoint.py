@@ -68,12 +68,29 @@ class Checkpointer:
 
     def save(self, step: int, write: Callable[[Path], None]) -> Path:
         """Call ``write(tmp_folder)`` then publish it atomically as ``step_<step>``."""
+        tmp = self.begin(step)
+        try:
+            write(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self.publish(tmp, step)
+
+    def begin(self, step: int) -> Path:
+        """A fresh temp folder for checkpoint ``step`` (stale temps of killed saves are removed).
+
+        With an asynchronous save, :meth:`publish` is called once the background writes are done;
+        no other save may begin in between (the trainer finalizes the previous one first).
+        """
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temps()
         tmp = self.root / f"{TMP_PREFIX}step_{step}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
+        return tmp
+
+    def publish(self, tmp: Path, step: int) -> Path:
+        """Mark ``tmp`` complete (file list, fsync) and rename it to ``step_<step>``; prune old ones."""
         try:
-            write(tmp)
             files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
             (tmp / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": files}))
             _fsync_tree(tmp)

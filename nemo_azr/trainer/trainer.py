@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ class TrainerState:
 
 @dataclass
 class FitResult:
-    status: str  # "completed" | "preempted"
+    status: str  # "completed" | "preempted" (signal) | "paused" (trainer.max_steps_per_run reached)
     step: int
     last_metrics: dict[str, float]
     checkpoint: Path | None
@@ -140,28 +141,59 @@ class Trainer:
 
     # --- checkpoint ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
+        """Write ``step_<step>`` (collective under torchrun). With ``trainer.async_save`` the policy's
+        shards are written in the background and the folder is published (COMPLETE marker, rename)
+        by :meth:`finalize_checkpoints`; the returned path exists once that has run."""
+        self.finalize_checkpoints(blocking=True)  # at most one save in flight
         multi = dist.is_initialized() and dist.get_world_size() > 1
+        asynchronous = self.cfg.trainer.async_save
+        final = self.checkpointer.root / f"step_{self.state.step}"
         if multi and not is_main_process():
             # Saving is collective (weights are gathered): write this rank's part into rank 0's folder.
             box: list = [None]
             dist.broadcast_object_list(box, src=0)
-            self.policy.save(Path(box[0]), tokenizer=None)
-            dist.barrier()  # rank 0 publishes the folder (rename to step_N) before this returns
-            return self.checkpointer.root / f"step_{self.state.step}"
+            if asynchronous:
+                self.policy.save(Path(box[0]), tokenizer=None, on_written=lambda: None)
+            else:
+                self.policy.save(Path(box[0]), tokenizer=None)
+                dist.barrier()  # rank 0 publishes the folder (rename to step_N) before this returns
+            return final
 
-        def write(folder: Path) -> None:
-            if multi:
-                dist.broadcast_object_list([str(folder)], src=0)
-            self.policy.save(folder, tokenizer=self.tokenizer)
+        def write_trainer_state(folder: Path) -> None:
             torch.save(rng_state(), folder / "rng.pt")
             self.state.loader = self.loader.state_dict()
             (folder / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
             (folder / "config.yaml").write_text(to_yaml(self.cfg))
 
-        folder = self.checkpointer.save(self.state.step, write)
-        if multi:
-            dist.barrier()
-        return folder
+        def write(folder: Path) -> None:
+            if multi:
+                dist.broadcast_object_list([str(folder)], src=0)
+            self.policy.save(folder, tokenizer=self.tokenizer)
+            write_trainer_state(folder)
+
+        if not asynchronous:
+            folder = self.checkpointer.save(self.state.step, write)
+            if multi:
+                dist.barrier()
+            return folder
+        step = self.state.step
+        tmp = self.checkpointer.begin(step)
+        try:
+            if multi:
+                dist.broadcast_object_list([str(tmp)], src=0)
+            write_trainer_state(tmp)
+            self.policy.save(
+                tmp, tokenizer=self.tokenizer, on_written=lambda: self.checkpointer.publish(tmp, step)
+            )
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
+
+    def finalize_checkpoints(self, *, blocking: bool) -> None:
+        """Publish background (``trainer.async_save``) checkpoints whose writes are done. Collective."""
+        if self.cfg.trainer.async_save:
+            self.policy.finalize_saves(blocking=blocking)
 
     def load_checkpoint(self, folder: Path) -> None:
         self._check_model_shape(folder)
@@ -375,10 +407,14 @@ class Trainer:
         last: dict[str, float] = {}
         last_saved: Path | None = None
         status = "completed"
+        # trainer.max_steps_per_run: a SLURM chain link (or a requeued job) trains a slice, then exits 75.
+        per_run = cfg.trainer.max_steps_per_run
+        run_end = min(cfg.trainer.max_steps, self.state.step + per_run) if per_run else cfg.trainer.max_steps
         try:
             for step in range(self.state.step, cfg.trainer.max_steps):
                 last = self.train_step(step)
                 self.state.step = step + 1
+                self.finalize_checkpoints(blocking=False)  # publish a finished background save
                 logger.log(step, last)
                 _check_finite(last, step)
                 interval = cfg.trainer.save_interval
@@ -390,10 +426,19 @@ class Trainer:
                         f"signal {self.preemption.signum}: saved {last_saved}, exiting for requeue"
                     )
                     break
-            if status == "completed" and (
+                if self.state.step >= run_end and self.state.step < cfg.trainer.max_steps:
+                    if last_saved is None or checkpoint_step(last_saved) != self.state.step:
+                        last_saved = self.save_checkpoint()
+                    status = "paused"
+                    logger.message(f"trainer.max_steps_per_run={per_run}: saved {last_saved}, exiting")
+                    break
+            if status == "completed" and resume is not None and checkpoint_step(resume) == self.state.step:
+                last_saved = resume  # nothing left to train (e.g. a spare chain link): keep the checkpoint
+            elif status == "completed" and (
                 last_saved is None or checkpoint_step(last_saved) != self.state.step
             ):
                 last_saved = self.save_checkpoint()
+            self.finalize_checkpoints(blocking=True)  # nothing may be left half-written at exit
         finally:
             self.preemption.uninstall()
             logger.close()

@@ -4,8 +4,8 @@ Scenarios, in one launch (megatron's groups are re-created for each layout):
 
 1. ``step``: one GRPO step from the warm model at data parallel 2 (``tp1pp1``) and pipeline
    parallel 2 (``tp1pp2``); rank 0 saves the step's metrics and the gathered HF weights.
-2. ``run_a``: 4 steps at ``tp2pp1`` with a checkpoint every 2 steps; ``run_b``: the same run resumed
-   from run A's ``step_2`` checkpoint.
+2. ``run_a``: 4 steps at ``tp2pp1`` with a checkpoint every 2 steps (``run_a_extra``: written in the
+   background, ``trainer.async_save``); ``run_b``: the same run resumed from run A's ``step_2``.
 3. ``reshard``: run A's ``step_4`` checkpoint loaded at ``tp1pp1`` (dp 2), ``tp1pp2`` and ``tp2pp1``;
    rank 0 saves the log-probs of a fixed batch.
 
@@ -49,7 +49,7 @@ def main(out: str, spec_file: str) -> None:
         )
 
     run_a = out_dir / "run_a"
-    _trainer(spec, "parallel=tp2pp1", f"trainer.output_dir={run_a}", *spec["run"]).fit()
+    _trainer(spec, "parallel=tp2pp1", f"trainer.output_dir={run_a}", *spec["run"], *spec["run_a_extra"]).fit()
     _trainer(
         spec,
         "parallel=tp2pp1",

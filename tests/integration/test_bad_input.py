@@ -35,6 +35,7 @@ def _cli_error(capsys, *overrides, command="show-config") -> str:
         (["algorithm=nope"], "Could not find 'algorithm/nope'"),
         (["trainer.max_steps"], "Error parsing override"),
         (["generation.n_samples=1"], "needs generation.n_samples >= 2"),
+        (["trainer.async_save=true"], "trainer.async_save=true needs model.backend=megatron"),
         (["algorithm.mini_batch_size=7"], "must divide the rows per step"),
         (["algorithm.dual_clip=true", "algorithm.clip_ratio_c=0.5"], "clip_ratio_c must be > 1"),
         (["algorithm.kl.estimator=k9"], "algorithm.kl.estimator='k9' is not one of: k1, k2, k3"),

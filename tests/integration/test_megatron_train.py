@@ -121,6 +121,10 @@ def test_unsupported_options_are_rejected(tiny_cache, tmp_path):
     )
     with pytest.raises(ConfigError, match="entropy_coef > 0 is not supported by model.backend=megatron"):
         Trainer(cfg)
+    cfg = load_config(overrides(tiny_cache, tmp_path, "model.backend=megatron"))
+    cfg.parallel.distributed_optimizer = True  # valid on GPU; the policy must not ignore it silently
+    with pytest.raises(ConfigError, match="distributed_optimizer=true is not implemented by the megatron"):
+        Trainer(cfg)
 
 
 def fixed_batch(vocab: int, rows: int = 4, width: int = 12) -> dict[str, torch.Tensor]:
@@ -147,6 +151,7 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
         "overrides": [*overrides(tiny_cache, out, "model.backend=megatron", f"model.path={warm_model}")],
         "step_layouts": ["tp1pp1", "tp1pp2"],
         "run": RUN,
+        "run_a_extra": ["trainer.async_save=true"],  # run_b resumes from a background-written checkpoint
         "reshard_layouts": ["tp1pp1", "tp1pp2", "tp2pp1"],
         "batch_file": str(out / "batch.pt"),
     }

@@ -10,6 +10,7 @@ hyper-parameters (the current LR among them) and the LR scheduler are small comm
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,17 +79,37 @@ def _sharded_state_dict(
 
 
 def save_dist_checkpoint(
-    chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None, scheduler: Any, folder: Path
+    chunks: list[torch.nn.Module],
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any,
+    folder: Path,
+    *,
+    async_queue: Any = None,
+    on_written: Callable[[], None] | None = None,
 ) -> None:
-    """Write this rank's shards into ``folder`` (collective: every rank calls it with the same path)."""
+    """Write this rank's shards into ``folder`` (collective: every rank calls it with the same path).
+
+    With ``async_queue`` (megatron's ``AsyncCallsQueue``) the tensors are copied to host memory now
+    and written by a background process; ``on_written`` runs on this rank once every rank's writes
+    and megatron's metadata are done (``async_queue.maybe_finalize_async_calls``, collective).
+    """
     from megatron.core import dist_checkpointing
 
     folder.mkdir(parents=True, exist_ok=True)
     if dist.get_world_size() > 1:
         dist.barrier()  # the folder exists for everyone before anyone writes
-    dist_checkpointing.save(_sharded_state_dict(chunks, optimizer, scheduler, for_load=False), str(folder))
-    if dist.get_world_size() > 1:
-        dist.barrier()  # complete only once every rank has written
+    state = _sharded_state_dict(chunks, optimizer, scheduler, for_load=False)
+    if async_queue is None:
+        dist_checkpointing.save(state, str(folder))
+        if dist.get_world_size() > 1:
+            dist.barrier()  # complete only once every rank has written
+        if on_written is not None:
+            on_written()
+        return
+    request = dist_checkpointing.save(state, str(folder), async_sharded_save=True)
+    if on_written is not None:
+        request.add_finalize_fn(on_written)
+    async_queue.schedule_async_request(request)
 
 
 def load_dist_checkpoint(

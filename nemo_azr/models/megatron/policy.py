@@ -62,6 +62,10 @@ from nemo_azr.registry import POLICY_BACKENDS
 __all__ = ["MegatronPolicy"]
 
 ENTROPY_UNSUPPORTED = "algorithm.entropy_coef > 0 is not supported by model.backend=megatron yet"
+DISTRIBUTED_OPTIMIZER_UNSUPPORTED = (
+    "parallel.distributed_optimizer=true is not implemented by the megatron policy yet (it steps a "
+    "torch AdamW on every data-parallel replica); set parallel.distributed_optimizer=false"
+)
 
 
 def megatron_source(path: Path) -> tuple[Path, Path | None]:
@@ -111,6 +115,8 @@ class MegatronPolicy(PPOUpdateMixin):
         self.trainable = trainable
         if cfg.algorithm.entropy_coef > 0:
             raise ConfigError(ENTROPY_UNSUPPORTED)
+        if cfg.parallel.distributed_optimizer:
+            raise ConfigError(DISTRIBUTED_OPTIMIZER_UNSUPPORTED)
         # model.path: a HF folder, or a megatron checkpoint (dist/ + model/ with the HF config).
         self.config_dir, dist_dir = megatron_source(self.model_path)
         self.hf_config = AutoConfig.from_pretrained(str(self.config_dir))
@@ -152,6 +158,7 @@ class MegatronPolicy(PPOUpdateMixin):
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
         self._hf_model: torch.nn.Module | None = None
+        self._async_queue = None  # megatron AsyncCallsQueue of trainer.async_save
 
     # --- layout helpers --------------------------------------------------------------------------
     @property
@@ -413,9 +420,15 @@ class MegatronPolicy(PPOUpdateMixin):
         return metrics.get("actor/loss", 0.0)
 
     # --- checkpoint ------------------------------------------------------------------------------
-    def save(self, folder: Path, *, tokenizer: Any = None) -> None:
+    def save(
+        self, folder: Path, *, tokenizer: Any = None, on_written: Callable[[], None] | None = None
+    ) -> None:
         """Collective. ``dist/``: every rank's shards (dist_checkpointing); ``model/``: rank 0's HF
-        export (weights when ``trainer.save_hf_weights``, else config and tokenizer only)."""
+        export (weights when ``trainer.save_hf_weights``, else config and tokenizer only).
+
+        With ``trainer.async_save`` the shards are written in the background and ``on_written`` runs
+        from :meth:`finalize_saves` once all ranks are done; otherwise it runs before this returns.
+        """
         if self.cfg.trainer.save_hf_weights:
             hf = self._hf_copy()  # collective gather on every rank
             if _rank() == 0:
@@ -424,7 +437,26 @@ class MegatronPolicy(PPOUpdateMixin):
             self.hf_config.save_pretrained(folder / "model")
         if tokenizer is not None and _rank() == 0:
             tokenizer.save_pretrained(folder / "model")
-        save_dist_checkpoint(self.chunks, self.optimizer, self.scheduler, folder / "dist")
+        queue = None
+        if self.cfg.trainer.async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            # Non-persistent: one forked writer per save (megatron's persistent worker needs CUDA).
+            self._async_queue = self._async_queue or AsyncCallsQueue(persistent=False)
+            queue = self._async_queue
+        save_dist_checkpoint(
+            self.chunks,
+            self.optimizer,
+            self.scheduler,
+            folder / "dist",
+            async_queue=queue,
+            on_written=on_written,
+        )
+
+    def finalize_saves(self, *, blocking: bool) -> None:
+        """Finish background saves whose writes are done (all of them with ``blocking``). Collective."""
+        if self._async_queue is not None:
+            self._async_queue.maybe_finalize_async_calls(blocking=blocking)
 
     def load(self, folder: Path) -> None:
         if not (folder / "dist").is_dir():

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Start a one-node SLURM cluster on this Debian machine, for development and CI (root, no systemd).
+#
+#   bash slurm/local-cluster/start.sh [STATE_DIR]      # default: $NEMO_AZR_SLURM_DIR or /tmp/nemo-azr-slurm
+#   export SLURM_CONF=STATE_DIR/slurm.conf              # printed on the last line; sbatch/squeue need it
+#
+# Installs slurmctld, slurmd, slurm-client and munge with apt when missing (quiet, idempotent), writes
+# slurm.conf and every state/spool/log/pid file under STATE_DIR, then starts munged (as the munge
+# user, on its own socket), slurmctld and slurmd and waits for the node to be idle. Running it again
+# while the cluster is up only prints the export line. Stop with stop.sh (by pid files).
+# STATE_DIR and its parents must be readable by the munge user (not a 0700 temp folder).
+# Exit codes: 0 up; 3 the packages are not installed and cannot be (no apt / no network); 1 other.
+set -euo pipefail
+
+DIR=${1:-${NEMO_AZR_SLURM_DIR:-/tmp/nemo-azr-slurm}}
+PORT=${NEMO_AZR_SLURM_PORT:-6817}  # slurmctld port; slurmd uses PORT+1
+PARTITION=${NEMO_AZR_SLURM_PARTITION:-debug}
+PACKAGES=(slurmctld slurmd slurm-client munge)
+
+die() { echo "start.sh: $*" >&2; exit "${2:-1}"; }
+[ "$(id -u)" = 0 ] || die "needs root (the daemons run as root here)"
+
+have_binaries() { command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null
+if ! have_binaries; then
+    command -v apt-get >/dev/null || die "slurm is not installed and apt-get is missing" 3
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"; } \
+        >"${TMPDIR:-/tmp}/nemo-azr-slurm-apt.log" 2>&1 \
+        || die "apt-get install ${PACKAGES[*]} failed (see ${TMPDIR:-/tmp}/nemo-azr-slurm-apt.log)" 3
+    have_binaries || die "slurm binaries still missing after apt-get install" 3
+fi
+
+RUN=$DIR/run
+export SLURM_CONF=$DIR/slurm.conf
+alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+if alive "$RUN/slurmctld.pid" && alive "$RUN/slurmd.pid" && scontrol ping >/dev/null 2>&1; then
+    echo "export SLURM_CONF=$SLURM_CONF"
+    exit 0
+fi
+
+mkdir -p "$DIR"/{state,spool,log,run,munge}
+chmod 0755 "$DIR"  # munged runs as the munge user and must reach its socket folder
+chown munge:munge "$DIR/munge"
+chmod 0755 "$DIR/munge"
+[ -s /etc/munge/munge.key ] || { mungekey --create >/dev/null 2>&1 || die "cannot create /etc/munge/munge.key"; }
+chown munge:munge /etc/munge/munge.key
+
+HOST=$(hostname -s)
+# The node's real shape (CPUs, sockets, memory), renamed to this host and reached over loopback.
+NODE=$(slurmd -C | head -n1 | sed -e "s/^NodeName=[^ ]*/NodeName=$HOST/")
+cat >"$SLURM_CONF" <<CONF
+# Written by slurm/local-cluster/start.sh: a one-node development cluster.
+ClusterName=nemoazr
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmctldPort=$PORT
+SlurmdPort=$((PORT + 1))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire=5: a requeued job may start again after ~6 s instead of 120 s.
+AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=5
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$RUN/slurmctld.pid
+SlurmdPidFile=$RUN/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+# Containers without cgroup/systemd: plain process tracking, no task binding.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+MailProg=/bin/true
+SchedulerParameters=bf_interval=1,sched_interval=1
+# No slurmdbd: finished jobs are written to a text file (the launcher's status falls back to it).
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/log/jobcomp.txt
+$NODE NodeAddr=127.0.0.1 State=UNKNOWN
+PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+CONF
+
+# Daemons get their stdio redirected: one holding the caller's pipe open would make it wait forever.
+if ! alive "$RUN/munged.pid"; then
+    runuser -u munge -- munged --socket="$DIR/munge/munge.socket.2" --pid-file="$DIR/munge/munged.pid" \
+        --log-file="$DIR/munge/munged.log" --seed-file="$DIR/munge/munged.seed" --force </dev/null >>"$DIR/log/daemons.out" 2>&1
+    for _ in $(seq 50); do [ -s "$DIR/munge/munged.pid" ] && break; sleep 0.1; done
+    [ -s "$DIR/munge/munged.pid" ] || die "munged did not start (see $DIR/munge/munged.log)"
+    cp "$DIR/munge/munged.pid" "$RUN/munged.pid"
+fi
+alive "$RUN/slurmctld.pid" || slurmctld -f "$SLURM_CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1
+for _ in $(seq 100); do scontrol ping >/dev/null 2>&1 && break; sleep 0.2; done
+scontrol ping >/dev/null 2>&1 || die "slurmctld did not answer (see $DIR/log/slurmctld.log)"
+alive "$RUN/slurmd.pid" || slurmd -f "$SLURM_CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1
+
+for _ in $(seq 150); do
+    state=$(sinfo -h -n "$HOST" -o %T 2>/dev/null || true)
+    [ "$state" = idle ] && break
+    sleep 0.2
+done
+[ "$state" = idle ] || die "node $HOST is '${state:-unknown}', not idle (see $DIR/log/slurmd.log)"
+echo "export SLURM_CONF=$SLURM_CONF"

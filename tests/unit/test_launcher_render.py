@@ -1,0 +1,205 @@
+"""``nemo-azr-launch submit --dry-run``: the rendered sbatch script, without Slurm.
+
+The last tests run the rendered script itself with fake ``srun``/``scontrol`` on PATH, to check the
+trap / forward / requeue logic of the template (the real-cluster tests are in tests/slurm/).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from launcher import cli, slurm
+from launcher.render import fill
+
+BASE = ["trainer.max_steps=3", "logger=quiet"]
+
+
+@pytest.fixture(autouse=True)
+def _no_sinfo(monkeypatch):
+    monkeypatch.setattr(slurm, "partitions", lambda: None)  # as on a machine without Slurm
+
+
+def dry_run(capsys, tmp_path, *args: str) -> str:
+    rc = cli.main(["submit", "--dry-run", *args, f"cluster.log_dir={tmp_path / 'logs'}", *BASE])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert not (tmp_path / "logs").exists()  # a dry run writes nothing
+    return out
+
+
+def script_of(out: str) -> str:
+    return "\n".join(x for x in out.splitlines() if not x.startswith("# submit:"))
+
+
+def headers(out: str) -> list[str]:
+    return [x.removeprefix("#SBATCH ") for x in out.splitlines() if x.startswith("#SBATCH ")]
+
+
+def test_single_job_headers_and_srun_line(capsys, tmp_path):
+    out = dry_run(
+        capsys,
+        tmp_path,
+        "cluster.partition=batch",
+        "cluster.account=proj",
+        "cluster.time=02:00:00",
+        "cluster.signal_margin_s=90",
+        "cluster.sbatch_flags=[--exclusive]",
+        "+cluster.env.FOO=bar baz",
+    )
+    h = headers(out)
+    assert h[:6] == [
+        "--job-name=arithmetic_grpo",
+        "--partition=batch",
+        "--account=proj",
+        "--nodes=1",
+        "--ntasks-per-node=1",
+        "--time=02:00:00",
+    ]
+    assert "--signal=B:USR1@90" in h and "--requeue" in h and "--exclusive" in h
+    (output,) = [x for x in h if x.startswith("--output=")]
+    assert re.fullmatch(
+        rf"--output={tmp_path}/logs/arithmetic_grpo-\d{{8}}-\d{{6}}-[0-9a-f]{{4}}/slurm-%j\.out", output
+    )
+    assert not any(x.startswith(("--array", "--gpus", "--dependency")) for x in h)
+    assert "export FOO='bar baz'" in out
+    assert "CHAIN=0" in out
+    assert re.search(r"^srun --nodes=1 --ntasks-per-node=1 --kill-on-bad-exit=0 \\$", out, re.M)
+    assert re.search(r'-m launcher\.task train "\$\{OVERRIDES\[@\]\}" &$', out, re.M)
+    assert "--container-image" not in out
+    overrides = re.search(r"^OVERRIDES=\((.*)\)$", out, re.M).group(1)
+    assert "trainer.max_steps=3" in overrides and "cluster.partition=batch" in overrides
+    (submit,) = [x for x in out.splitlines() if x.startswith("# submit:")]
+    assert re.fullmatch(r"# submit: sbatch --parsable \S+/job\.sbatch", submit)
+    subprocess.run(["bash", "-n"], input=script_of(out), text=True, check=True)  # valid bash
+
+
+def test_torchrun_per_node_with_pyxis_container(capsys, tmp_path):
+    out = dry_run(
+        capsys,
+        tmp_path,
+        "model=megatron",
+        "parallel=tp2pp1",
+        "cluster.launcher=torchrun",
+        "cluster.nodes=2",
+        "cluster.tasks_per_node=2",
+        "cluster.gpus_per_node=2",
+        "cluster.cpus_per_task=4",
+        "cluster.container_image='nvcr.io#nvidia/pytorch:25.01-py3'",  # Hydra needs the # quoted
+        "cluster.container_mounts=[/lustre:/lustre,/home:/home:ro]",
+    )
+    h = headers(out)
+    assert "--nodes=2" in h and "--ntasks-per-node=1" in h  # one torchrun per node
+    assert "--gpus-per-node=2" in h and "--cpus-per-task=8" in h  # the node's workers' CPUs
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in out
+    srun = re.search(r"^srun .*$", out, re.M).group(0)
+    assert "--container-image=nvcr.io#nvidia/pytorch:25.01-py3" in srun
+    assert "--container-mounts=/lustre:/lustre,/home:/home:ro" in srun
+    assert f"--container-workdir={os.getcwd()}" in srun
+    launch = out[out.index(srun) + len(srun) :].splitlines()[1].strip()
+    assert launch.startswith("python -m launcher.torchrun_node --nnodes=2 --nproc-per-node=2 ")
+    assert '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"' in launch
+    assert launch.endswith('-m nemo_azr train "${OVERRIDES[@]}" &')
+
+
+def test_multirun_sweep_is_a_job_array(capsys, tmp_path):
+    out = dry_run(capsys, tmp_path, "-m", "--max-parallel", "2", "seed=0,1,2", "algorithm=grpo,rloo")
+    h = headers(out)
+    assert "--array=0-5%2" in h
+    assert any(x.endswith("/slurm-%A_%a.out") for x in h)
+    cases = re.findall(r"^    (\d+)\) OVERRIDES=\((.*)\) ;;$", out, re.M)
+    assert [int(i) for i, _ in cases] == list(range(6))
+    sets = [c for _, c in cases]
+    assert "seed=0" in sets[0] and "algorithm=grpo" in sets[0] and "algorithm=rloo" in sets[1]
+    assert "seed=2" in sets[5] and "algorithm=rloo" in sets[5]
+    # every task trains into its own folder (they would resume from each other's checkpoints)
+    dirs = [re.search(r"trainer\.output_dir=(\S+)", c).group(1) for c in sets]
+    assert dirs == [f"outputs/arithmetic_grpo/{i}" for i in range(6)]
+    subprocess.run(["bash", "-n"], input=script_of(out), text=True, check=True)
+
+
+def test_chain_links_depend_on_the_previous_one(capsys, tmp_path):
+    out = dry_run(capsys, tmp_path, "--chain", "3", "trainer.max_steps_per_run=1")
+    submits = [x for x in out.splitlines() if x.startswith("# submit:")]
+    assert len(submits) == 3
+    assert "--dependency" not in submits[0]
+    assert "--dependency=afterany:<job id of link 1>" in submits[1]
+    assert "--dependency=afterany:<job id of link 2>" in submits[2]
+    assert "--no-requeue" in headers(out) and "CHAIN=1" in out
+
+
+def test_fill_rejects_a_slot_without_value():
+    assert fill("a {{x}} b", {"x": "1"}) == "a 1 b"
+    with pytest.raises(Exception, match="slots without a value: y"):
+        fill("{{x}} {{y}}", {"x": "1"})
+
+
+# --- the rendered script's own logic, with fake srun / scontrol ----------------------------------
+FAKE_SRUN = """#!/bin/bash
+# A "training" that checkpoints and exits 75 on SIGUSR1 (as the trainer does), else exits $FAKE_RC.
+echo "srun args: $*"
+trap 'echo "rank: got USR1"; exit 75' USR1
+touch "$FAKE_DIR/started"
+for _ in $(seq "${FAKE_TICKS:-100}"); do sleep 0.1; done
+exit "${FAKE_RC:-0}"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+echo "$*" >> "$FAKE_DIR/scontrol.log"
+[ "$1" = show ] && echo node1
+exit 0
+"""
+
+
+def run_script(capsys, tmp_path, *args: str, signal_it: bool, env_extra: dict | None = None):
+    script = tmp_path / "job.sbatch"
+    script.write_text(script_of(dry_run(capsys, tmp_path, *args)))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path))
+    env.update(SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node1", **(env_extra or {}))
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if signal_it:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1 does
+    out, _ = proc.communicate(timeout=30)
+    log = tmp_path / "scontrol.log"
+    return proc.returncode, out, log.read_text() if log.exists() else ""
+
+
+def test_script_forwards_usr1_and_requeues_on_75(capsys, tmp_path):
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True)
+    assert "got SIGUSR1, forwarding" in out and "rank: got USR1" in out
+    assert "training exited with status 75" in out
+    assert "requeue 42" in scontrol and rc == 0
+
+
+def test_chain_link_ends_on_75_without_requeue(capsys, tmp_path):
+    rc, out, scontrol = run_script(capsys, tmp_path, "--chain", "2", signal_it=True)
+    assert "the next chain link resumes" in out and rc == 0
+    assert "requeue" not in scontrol
+
+
+def test_script_passes_a_failure_through(capsys, tmp_path):
+    rc, out, scontrol = run_script(
+        capsys, tmp_path, signal_it=False, env_extra={"FAKE_RC": "3", "FAKE_TICKS": "3"}
+    )
+    assert rc == 3 and "requeue" not in scontrol
+
+
+def test_requeue_limit(capsys, tmp_path):
+    rc, out, scontrol = run_script(
+        capsys, tmp_path, "cluster.max_requeues=2", signal_it=True, env_extra={"SLURM_RESTART_COUNT": "2"}
+    )
+    assert rc == 75 and "requeue" not in scontrol and "cluster.max_requeues" in out

@@ -1,0 +1,147 @@
+"""Launcher checks before submission (one line, exit 2), sweep expansion, rank env, records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher import cli, records, slurm
+from launcher.spec import expand_sweep, time_limit_s
+from launcher.task import rank_env
+from launcher.torchrun_node import exit_status
+
+BASE = ["trainer.max_steps=3", "logger=quiet"]
+
+
+@pytest.fixture
+def partitions(monkeypatch):
+    known = ["debug", "gpu"]
+    monkeypatch.setattr(slurm, "partitions", lambda: known)
+    return known
+
+
+def submit_error(capsys, tmp_path, *overrides: str, flags: tuple[str, ...] = ()) -> str:
+    rc = cli.main(["submit", *flags, *overrides, f"cluster.log_dir={tmp_path / 'logs'}", *BASE])
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    assert out == "" and not (tmp_path / "logs").exists()  # nothing rendered or submitted
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("nemo-azr-launch: error: "), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.partition=nope"], "unknown partition cluster.partition='nope'; sinfo lists: debug, gpu"),
+        (["cluster.tasks_per_node=2"], "model.backend=hf trains in one process"),
+        (
+            ["model=megatron", "parallel=tp2pp1", "cluster.tasks_per_node=3"],
+            "= 3 ranks, which tp 2 x pp 1 = 2 does not divide",
+        ),
+        (
+            [
+                "model=megatron",
+                "parallel=tp2pp1",
+                "parallel.data_parallel_size=2",
+                "cluster.nodes=3",
+                "cluster.tasks_per_node=2",
+            ],
+            "needs tp 2 x pp 1 x dp 2 = 4",
+        ),
+        (["cluster.gpus_per_node=8", "cluster.tasks_per_node=4"], "one rank per GPU"),
+        (["cluster.time=10", "cluster.signal_margin_s=600"], "is not below cluster.time=10 (600 s)"),
+        (["cluster.time=soon"], "cluster.time='soon' is not a Slurm time"),
+        (["cluster.launcher=mpirun"], "cluster.launcher='mpirun' is not one of: srun, torchrun"),
+        (
+            ["cluster.container_mounts=[/a:/a]"],
+            "container_mounts is set but cluster.container_image is empty",
+        ),
+        (["+cluster.env={BAD-NAME: x}"], "'BAD-NAME' is not a valid environment variable name"),
+        (["cluster.nodez=2"], "Key 'nodez' not in 'ClusterConfig'"),
+        (["trainer.max_steps_per_run=-1"], "trainer.max_steps_per_run must be >= 0"),
+    ],
+)
+def test_bad_cluster_configs_fail_before_submission(capsys, tmp_path, partitions, overrides, message):
+    for flags in ((), ("--dry-run",)):
+        assert message in submit_error(capsys, tmp_path, *overrides, flags=flags)
+
+
+def test_chain_and_sweep_conflicts(capsys, tmp_path, partitions):
+    assert "cannot be combined" in submit_error(capsys, tmp_path, "seed=0,1", flags=("-m", "--chain", "2"))
+    assert "trainer.resume=auto" in submit_error(
+        capsys, tmp_path, "trainer.resume=never", flags=("--chain", "2")
+    )
+    assert "must not change cluster" in submit_error(capsys, tmp_path, "cluster.time=10,20", flags=("-m",))
+    assert "--chain must be >= 1" in submit_error(capsys, tmp_path, flags=("--chain", "0"))
+
+
+def test_known_partition_passes(capsys, tmp_path, partitions):
+    assert (
+        cli.main(["submit", "--dry-run", "cluster.partition=gpu", f"cluster.log_dir={tmp_path}", *BASE]) == 0
+    )
+    assert "#SBATCH --partition=gpu" in capsys.readouterr().out
+
+
+def test_submit_without_sbatch_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Slurm commands at all
+    assert "sbatch not found" in submit_error(capsys, tmp_path)
+
+
+def test_expand_sweep():
+    assert expand_sweep(["a=1", "b=x,y", "c=range(0,2)"]) == [
+        ["a=1", "b=x", "c=0"],
+        ["a=1", "b=x", "c=1"],
+        ["a=1", "b=y", "c=0"],
+        ["a=1", "b=y", "c=1"],
+    ]
+    assert expand_sweep(["+x=[1,2]", "s='p,q'"]) == [["+x=[1,2]", "s='p,q'"]]  # lists and quoted commas
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("30", 1800),
+        ("5:30", 330),
+        ("01:00:00", 3600),
+        ("2-0", 172800),
+        ("1-2:30", 95400),
+        ("1-00:00:10", 86410),
+    ],
+)
+def test_time_limit(value, seconds):
+    assert time_limit_s(value) == seconds
+
+
+def test_rank_env():
+    assert rank_env({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}) == {}  # one task: the local code path
+    env = {"SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2(x2)"}
+    assert rank_env(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+
+
+def test_torchrun_exit_status():
+    assert exit_status([75, 75]) == 75
+    assert exit_status([75]) == 75  # the others were stopped by the agent after the first exit
+    assert exit_status([75, 1]) == 1 and exit_status([]) == 1
+
+
+def test_records_find_jobs_and_outputs(tmp_path):
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    for folder, ids in ((a, ["10", "11"]), (b, ["12"])):
+        folder.mkdir()
+        records.write_submission(folder, {"job_ids": ids})
+    for name in ("slurm-12_1.out", "slurm-12_0.out", "slurm-12_10.out", "slurm-120.out"):
+        (b / name).write_text("x")
+    assert records.find_submission(tmp_path, "11") == a
+    assert records.find_submission(tmp_path, "12_1") == b
+    assert records.find_submission(tmp_path, "13") is None
+    assert [p.name for p in records.output_files(b, "12")] == [
+        "slurm-12_0.out",
+        "slurm-12_1.out",
+        "slurm-12_10.out",
+    ]
+    assert [p.name for p in records.output_files(b, "12_1")] == ["slurm-12_1.out"]
+    assert json.loads((a / records.SUBMISSION_FILE).read_text()) == {"job_ids": ["10", "11"]}
