@@ -18,7 +18,14 @@ import torch.distributed as dist
 from nemo_azr.config.schema import ParallelConfig
 from nemo_azr.errors import ConfigError
 
-__all__ = ["ParallelLayout", "destroy_parallel", "initialize_parallel", "resolve_dist_backend"]
+__all__ = [
+    "ParallelLayout",
+    "destroy_parallel",
+    "global_rank",
+    "initialize_parallel",
+    "resolve_dist_backend",
+    "world_size",
+]
 
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _OWNED_STORE: str | None = None  # FileStore file of a single-process group we created (removed on destroy)
@@ -77,6 +84,16 @@ class ParallelLayout:
                 f"world size {world_size} != tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {model * self.dp}"
             )
         return dp
+
+
+def global_rank() -> int:
+    """This process's rank (0 without torch.distributed)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    """The number of processes (1 without torch.distributed)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def resolve_dist_backend(backend: str = "auto") -> str:

@@ -1,8 +1,9 @@
 """The PPO update loop shared by the policy backends (hf, megatron).
 
-A backend supplies ``cfg``, ``model``, ``optimizer``, ``token_logprobs(batch)``,
-``micro_objective(micro, num_tokens=, num_seqs=, norm_length=)`` and ``_clip_and_step()``; the loop
-(PPO epochs x mini-batches x micro-batches with exact gradient accumulation through global
+A backend supplies ``cfg``, ``model``, ``optimizer``, ``token_logprobs(batch)``, ``_clip_and_step()``
+and either ``micro_objective(micro, num_tokens=, num_seqs=, norm_length=)`` (used by the default
+``accumulate_gradients``) or its own ``accumulate_gradients`` (megatron: data/pipeline parallel).
+The loop (PPO epochs x mini-batches x micro-batches with exact gradient accumulation through global
 normalisers) and the no-grad micro-batched log-probs are the same for all of them.
 """
 

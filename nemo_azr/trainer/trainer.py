@@ -159,36 +159,28 @@ class Trainer:
                 dist.barrier()  # rank 0 publishes the folder (rename to step_N) before this returns
             return final
 
-        def write_trainer_state(folder: Path) -> None:
-            torch.save(rng_state(), folder / "rng.pt")
-            self.state.loader = self.loader.state_dict()
-            (folder / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
-            (folder / "config.yaml").write_text(to_yaml(self.cfg))
-
-        def write(folder: Path) -> None:
-            if multi:
-                dist.broadcast_object_list([str(folder)], src=0)
-            self.policy.save(folder, tokenizer=self.tokenizer)
-            write_trainer_state(folder)
-
-        if not asynchronous:
-            folder = self.checkpointer.save(self.state.step, write)
-            if multi:
-                dist.barrier()
-            return folder
         step = self.state.step
         tmp = self.checkpointer.begin(step)
         try:
             if multi:
                 dist.broadcast_object_list([str(tmp)], src=0)
-            write_trainer_state(tmp)
-            self.policy.save(
-                tmp, tokenizer=self.tokenizer, on_written=lambda: self.checkpointer.publish(tmp, step)
-            )
+            torch.save(rng_state(), tmp / "rng.pt")
+            self.state.loader = self.loader.state_dict()
+            (tmp / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
+            (tmp / "config.yaml").write_text(to_yaml(self.cfg))
+            if asynchronous:  # the policy's finalize step publishes the folder
+                self.policy.save(
+                    tmp, tokenizer=self.tokenizer, on_written=lambda: self.checkpointer.publish(tmp, step)
+                )
+                return final
+            self.policy.save(tmp, tokenizer=self.tokenizer)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return final
+        folder = self.checkpointer.publish(tmp, step)
+        if multi:
+            dist.barrier()
+        return folder
 
     def finalize_checkpoints(self, *, blocking: bool) -> None:
         """Publish background (``trainer.async_save``) checkpoints whose writes are done. Collective."""

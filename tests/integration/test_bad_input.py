@@ -5,23 +5,13 @@ import math
 import pytest
 import torch
 
-from nemo_azr.cli import main
 from nemo_azr.config.loader import load_config
 from nemo_azr.errors import ConfigError, RewardError
 from nemo_azr.registry import TASKS
 from nemo_azr.tasks.arithmetic import ArithmeticTask
 from nemo_azr.trainer.metrics import read_metrics
 from nemo_azr.trainer.trainer import Trainer
-
-
-def _cli_error(capsys, *overrides, command="show-config") -> str:
-    code = main([command, *overrides])
-    err = capsys.readouterr().err
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err  # one line, no traceback
-    assert lines[0].startswith("nemo-azr: error: ")
-    return lines[0]
+from tests.cli_errors import cli_error
 
 
 @pytest.mark.parametrize(
@@ -44,13 +34,13 @@ def _cli_error(capsys, *overrides, command="show-config") -> str:
     ],
 )
 def test_bad_configs_fail_with_one_line(capsys, overrides, expected):
-    assert expected in _cli_error(capsys, *overrides)
+    assert expected in cli_error(capsys, *overrides)
 
 
 def test_empty_dataset_is_a_clear_error(capsys, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    line = _cli_error(
+    line = cli_error(
         capsys, "data.task=jsonl", f"data.path={empty}", f"trainer.output_dir={tmp_path}", command="train"
     )
     assert "empty" in line or "no rows" in line

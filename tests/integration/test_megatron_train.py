@@ -127,18 +127,14 @@ def test_unsupported_options_are_rejected(tiny_cache, tmp_path):
         Trainer(cfg)
 
 
-def fixed_batch(vocab: int, rows: int = 4, width: int = 12) -> dict[str, torch.Tensor]:
-    """Left-padded rows of random tokens; every real token after the first is scored."""
+def fixed_batch(vocab: int) -> dict[str, torch.Tensor]:
+    """Left-padded prompts and right-padded responses of random tokens (the rollout's layout)."""
+    from nemo_azr.rollout.assemble import pack_prompt_response
+
     g = torch.Generator().manual_seed(7)
-    ids = torch.randint(3, vocab, (rows, width), generator=g)
-    attn = torch.ones(rows, width, dtype=torch.long)
-    for r in range(rows):
-        attn[r, : 2 * r] = 0  # 0, 2, 4, 6 padding columns
-    ids = ids * attn
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    loss = attn.clone()
-    loss[torch.arange(rows), attn.argmax(dim=1)] = 0  # the first real token has no prediction
-    return {"input_ids": ids, "attention_mask": attn, "position_ids": pos, "loss_mask": loss}
+    prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 2, 7, 3)]
+    responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 6, 1, 5)]
+    return pack_prompt_response(prompts, responses, None, pad_id=0)
 
 
 @pytest.fixture(scope="module")

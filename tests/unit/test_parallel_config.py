@@ -12,6 +12,7 @@ from nemo_azr.config.loader import load_config
 from nemo_azr.config.parallel_validate import MEGATRON_MISSING, ResolvedLayout, validate_parallel
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.errors import ConfigError
+from tests.cli_errors import cli_error
 
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and (
     importlib.util.find_spec("megatron.core") is not None
@@ -218,14 +219,6 @@ def test_bad_layout_is_one_line(change, args, expected):
 
 
 # --- through the CLI -------------------------------------------------------------------------------
-def _cli_error(capsys, *overrides: str) -> str:
-    code = main(["show-config", *overrides])
-    err = capsys.readouterr().err
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err  # one line, no traceback
-    assert lines[0].startswith("nemo-azr: error: ")
-    return lines[0]
 
 
 @pytest.mark.parametrize(
@@ -263,7 +256,7 @@ def test_recipe_resolves_with_validate_parallel():
     ],
 )
 def test_bad_parallel_config_fails_at_start(capsys, overrides, expected):
-    assert expected in _cli_error(capsys, *overrides)
+    assert expected in cli_error(capsys, *overrides)
 
 
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core not installed")
@@ -274,7 +267,7 @@ def test_megatron_model_validates_when_importable(capsys):
 
 @pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core not installed")
 def test_megatron_checks_the_tiny_model_shape_at_start(capsys):
-    line = _cli_error(capsys, "model=megatron", "parallel.tensor_model_parallel_size=3")
+    line = cli_error(capsys, "model=megatron", "parallel.tensor_model_parallel_size=3")
     assert line.endswith(
         "parallel.tensor_model_parallel_size=3 must divide the model's 4 attention heads; try 1, 2 or 4"
     )
@@ -287,4 +280,4 @@ def test_megatron_model_without_megatron_core_is_one_line(capsys, monkeypatch):
         return None if name.split(".")[0] == "megatron" else real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
-    assert _cli_error(capsys, "model=megatron") == f"nemo-azr: error: {MEGATRON_MISSING}"
+    assert cli_error(capsys, "model=megatron") == f"nemo-azr: error: {MEGATRON_MISSING}"

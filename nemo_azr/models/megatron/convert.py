@@ -14,9 +14,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch.distributed as dist
-
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.distributed.parallel import global_rank
 from nemo_azr.errors import CheckpointError
 
 __all__ = ["copy_hf_side_files", "hf_to_megatron_checkpoint", "megatron_to_hf_checkpoint"]
@@ -24,10 +23,6 @@ __all__ = ["copy_hf_side_files", "hf_to_megatron_checkpoint", "megatron_to_hf_ch
 #: Files of a HF folder that are weights (not copied next to a dist checkpoint).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def copy_hf_side_files(src: Path, dst: Path) -> None:
@@ -58,7 +53,7 @@ def hf_to_megatron_checkpoint(hf_dir: Path, out: Path, cfg: NemoAzrConfig) -> Pa
     _check_out(out)
     policy = _policy(hf_dir, cfg)
     save_dist_checkpoint(policy.chunks, None, None, out / "dist")
-    if _rank() == 0:
+    if global_rank() == 0:
         copy_hf_side_files(hf_dir, out / "model")
     return out
 
@@ -72,7 +67,7 @@ def megatron_to_hf_checkpoint(ckpt: Path, out: Path, cfg: NemoAzrConfig) -> Path
     _check_out(out)
     policy = _policy(ckpt, cfg)
     state = policy.export_hf_state_dict()
-    if _rank() == 0:
+    if global_rank() == 0:
         import torch
 
         model = AutoModelForCausalLM.from_config(policy.hf_config, dtype=getattr(torch, cfg.model.dtype))

@@ -37,7 +37,7 @@ from nemo_azr.config.parallel_validate import validate_parallel
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.distributed.parallel import ParallelLayout, initialize_parallel
+from nemo_azr.distributed.parallel import ParallelLayout, global_rank, initialize_parallel, world_size
 from nemo_azr.errors import CheckpointError, ConfigError
 from nemo_azr.models.hf_policy import auto_chunk_size
 from nemo_azr.models.megatron.builder import build_gpt_model
@@ -82,14 +82,6 @@ def megatron_source(path: Path) -> tuple[Path, Path | None]:
     return path, None
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
 #: ``loss_fn(micro, logprobs)`` of :meth:`MegatronPolicy.backward_rows`: a micro-batch of the contract
 #: and its differentiable log-probs ``[b, T]`` (loss-masked) -> (scalar loss, metrics).
 MicroLossFn = Callable[[Batch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
@@ -123,7 +115,7 @@ class MegatronPolicy(PPOUpdateMixin):
         self.layout = ParallelLayout.from_config(cfg.parallel)
         kv = getattr(self.hf_config, "num_key_value_heads", None) or 0
         # Under torchrun the process group may not exist yet: the launcher's WORLD_SIZE is the truth.
-        world = _world() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+        world = world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
         self.resolved = validate_parallel(
             cfg,
             world_size=world,
@@ -193,15 +185,15 @@ class MegatronPolicy(PPOUpdateMixin):
         full = gather_hf_state_dict(self.chunks, self.hf_config, self.layout)
         if full is not None and getattr(self.hf_config, "tie_word_embeddings", False):
             full.setdefault("lm_head.weight", full["model.embed_tokens.weight"])
-        if _world() == 1:
+        if world_size() == 1:
             return full
         # Rank 0 holds the gathered dict; every rank refits its own generation copy, so broadcast
         # the key/shape list once (small) and then each tensor.
-        meta = [[(k, tuple(v.shape), v.dtype) for k, v in full.items()] if _rank() == 0 else None]
+        meta = [[(k, tuple(v.shape), v.dtype) for k, v in full.items()] if global_rank() == 0 else None]
         dist.broadcast_object_list(meta, src=0)
         out: dict[str, torch.Tensor] = {}
         for key, shape, dtype in meta[0]:
-            t = full[key].contiguous() if _rank() == 0 else torch.empty(shape, dtype=dtype)
+            t = full[key].contiguous() if global_rank() == 0 else torch.empty(shape, dtype=dtype)
             dist.broadcast(t, src=0)
             out[key] = t
         return out
@@ -367,18 +359,6 @@ class MegatronPolicy(PPOUpdateMixin):
             norm_length=norm_length,
         )
 
-    def micro_objective(
-        self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss and metrics of one micro-batch (global normalisers given) via ``policy_objective``."""
-        return self._objective(
-            micro,
-            self.token_logprobs(micro),
-            num_tokens=num_tokens,
-            num_seqs=num_seqs,
-            norm_length=norm_length,
-        )
-
     def _grad_norm(self) -> float:
         return model_grad_norm(self.model.parameters())
 
@@ -431,11 +411,11 @@ class MegatronPolicy(PPOUpdateMixin):
         """
         if self.cfg.trainer.save_hf_weights:
             hf = self._hf_copy()  # collective gather on every rank
-            if _rank() == 0:
+            if global_rank() == 0:
                 hf.save_pretrained(folder / "model")
-        elif _rank() == 0:
+        elif global_rank() == 0:
             self.hf_config.save_pretrained(folder / "model")
-        if tokenizer is not None and _rank() == 0:
+        if tokenizer is not None and global_rank() == 0:
             tokenizer.save_pretrained(folder / "model")
         queue = None
         if self.cfg.trainer.async_save:
