@@ -226,11 +226,6 @@ def _check_device(p: ParallelConfig, *, cuda: bool, why: str) -> None:
         not p.sequence_parallel,
         f"parallel.sequence_parallel=true needs CUDA ({why}); set parallel.sequence_parallel=false",
     )
-    # megatron/core/optimizer/distrib_optimizer.py:361-435 accepts only torch.cuda.* parameters
-    _require(
-        not p.distributed_optimizer,
-        f"parallel.distributed_optimizer=true needs CUDA ({why}); set parallel.distributed_optimizer=false",
-    )
     _require(
         _use_te(p) != "true",
         f"parallel.use_te=true needs CUDA ({why}); use parallel.use_te=auto or false",

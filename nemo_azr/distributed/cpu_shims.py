@@ -261,5 +261,8 @@ def apply_cpu_shims() -> None:
         type=_cuda_type_name,
     )
     _during(clip_grads, "clip_grad_by_total_norm_fp32", type=_cuda_type_name)
+    # DistributedOptimizer.get_parameter_state_dp_zero (the reshardable checkpoint of
+    # parallel.distributed_optimizer) moves each shard to the GPU with `.cuda()` before gathering it.
+    _during(distrib_optimizer.DistributedOptimizer, "get_parameter_state_dp_zero", cuda=_cuda_identity)
     moptimizer.clip_grad_by_total_norm_fp32 = clip_grads.clip_grad_by_total_norm_fp32
     _APPLIED = True

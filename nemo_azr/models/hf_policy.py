@@ -202,6 +202,10 @@ class HFPolicy(PPOUpdateMixin):
         return norm
 
     # --- supervised warm-up ----------------------------------------------------------------------
+    def sft_optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """The supervised warm-up's optimizer (torch's AdamW defaults at ``lr``)."""
+        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
+
     def sft_step(self, batch: Batch, optimizer: torch.optim.Optimizer) -> float:
         """One step of mean token NLL over ``loss_mask`` (supervised warm-up)."""
         optimizer.zero_grad(set_to_none=True)

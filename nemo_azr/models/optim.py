@@ -33,9 +33,16 @@ def build_optimizer(
         eps=cfg.eps,
         weight_decay=cfg.weight_decay,
     )
+    return opt, lr_schedule(opt, cfg, total_steps=total_steps)
+
+
+def lr_schedule(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, *, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """``optim``'s LR schedule over ``optimizer`` (warm-up, then constant / linear / cosine)."""
     horizon = cfg.total_steps or total_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
         lambda s: lr_factor(
             s,
             warmup_steps=cfg.warmup_steps,
@@ -44,4 +51,3 @@ def build_optimizer(
             min_lr_ratio=cfg.min_lr_ratio,
         ),
     )
-    return opt, sched

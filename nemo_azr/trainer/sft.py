@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.rollout.assemble import pack_prompt_response
@@ -37,7 +35,7 @@ def run_sft_warmup(
     """
     wcfg = cfg.sft_warmup
     loader = PromptLoader(task.examples, wcfg.batch_size, shuffle=True, seed=cfg.seed + SFT_SEED_SALT)
-    optimizer = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=wcfg.lr)
+    optimizer = policy.sft_optimizer(wcfg.lr)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     losses = []
     for i in range(wcfg.steps):

@@ -2,11 +2,14 @@
 
 Scenarios, in one launch (megatron's groups are re-created for each layout):
 
-1. ``step``: one GRPO step from the warm model at data parallel 2 (``tp1pp1``) and pipeline
-   parallel 2 (``tp1pp2``); rank 0 saves the step's metrics and the gathered HF weights.
+1. ``step``: one GRPO step from the warm model for each entry of ``steps`` (name -> overrides: data
+   parallel 2, pipeline parallel 2, each also with the distributed optimizer); rank 0 saves the step's
+   metrics and the gathered HF weights.
 2. ``run_a``: 4 steps at ``tp2pp1`` with a checkpoint every 2 steps (``run_a_extra``: written in the
    background, ``trainer.async_save``); ``run_b``: the same run resumed from run A's ``step_2``.
-3. ``reshard``: run A's ``step_4`` checkpoint loaded at ``tp1pp1`` (dp 2), ``tp1pp2`` and ``tp2pp1``;
+3. ``run_c``: 2 steps at data parallel 2 with the distributed optimizer, a checkpoint every step;
+   ``run_d``: the same run resumed from run C's ``step_1`` at ``tp2pp1`` (data parallel 1).
+4. ``reshard``: run A's ``step_4`` checkpoint loaded at ``tp1pp1`` (dp 2), ``tp1pp2`` and ``tp2pp1``;
    rank 0 saves the log-probs of a fixed batch.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 megatron_layouts_worker.py OUT SPEC.json
@@ -39,13 +42,13 @@ def main(out: str, spec_file: str) -> None:
 
     out_dir = Path(out)
     spec = json.loads(Path(spec_file).read_text())
-    for layout in spec["step_layouts"]:
-        trainer = _trainer(spec, f"parallel={layout}", f"trainer.output_dir={out_dir / ('step_' + layout)}")
+    for name, extra in spec["steps"].items():
+        trainer = _trainer(spec, *extra, f"trainer.output_dir={out_dir / ('step_' + name)}")
         trainer.setup_generation()
         metrics = trainer.train_step(0)
         _save(
             {"metrics": metrics, "weights": trainer.policy.export_hf_state_dict()},
-            out_dir / f"step_{layout}.pt",
+            out_dir / f"step_{name}.pt",
         )
 
     run_a = out_dir / "run_a"
@@ -56,6 +59,18 @@ def main(out: str, spec_file: str) -> None:
         f"trainer.output_dir={out_dir / 'run_b'}",
         f"trainer.resume={run_a / 'checkpoints' / 'step_2'}",
         *spec["run"],
+    ).fit()
+
+    run_c = out_dir / "run_c"
+    distopt = "parallel.distributed_optimizer=true"
+    _trainer(spec, "parallel=tp1pp1", distopt, f"trainer.output_dir={run_c}", *spec["run_c"]).fit()
+    _trainer(
+        spec,
+        "parallel=tp2pp1",
+        distopt,
+        f"trainer.output_dir={out_dir / 'run_d'}",
+        f"trainer.resume={run_c / 'checkpoints' / 'step_1'}",
+        *spec["run_c"],
     ).fit()
 
     batch = Batch(tensors=torch.load(spec["batch_file"]))

@@ -31,6 +31,14 @@ ATOL = 1e-5
 TIMEOUT_S = 300
 SFT_STEPS = 40
 RUN = ["trainer.max_steps=4", "trainer.save_interval=2", "trainer.keep_last=0"]
+DISTOPT = "parallel.distributed_optimizer=true"
+#: (parallel preset, extra overrides, name) of the one-step checks at two processes.
+STEP_VARIANTS = [
+    ("tp1pp1", [], "dp2"),
+    ("tp1pp2", [], "pp2"),
+    ("tp1pp1", [DISTOPT], "dp2_distopt"),
+    ("tp1pp2", [DISTOPT], "pp2_distopt"),
+]
 
 
 def overrides(cache: str, out: Path, *extra: str) -> list[str]:
@@ -121,10 +129,6 @@ def test_unsupported_options_are_rejected(tiny_cache, tmp_path):
     )
     with pytest.raises(ConfigError, match="entropy_coef > 0 is not supported by model.backend=megatron"):
         Trainer(cfg)
-    cfg = load_config(overrides(tiny_cache, tmp_path, "model.backend=megatron"))
-    cfg.parallel.distributed_optimizer = True  # valid on GPU; the policy must not ignore it silently
-    with pytest.raises(ConfigError, match="distributed_optimizer=true is not implemented by the megatron"):
-        Trainer(cfg)
 
 
 def fixed_batch(vocab: int) -> dict[str, torch.Tensor]:
@@ -145,7 +149,8 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
     torch.save(fixed_batch(vocab), out / "batch.pt")
     spec = {
         "overrides": [*overrides(tiny_cache, out, "model.backend=megatron", f"model.path={warm_model}")],
-        "step_layouts": ["tp1pp1", "tp1pp2"],
+        "steps": {name: [f"parallel={layout}", *extra] for layout, extra, name in STEP_VARIANTS},
+        "run_c": ["trainer.max_steps=2", "trainer.save_interval=1", "trainer.keep_last=0"],
         "run": RUN,
         "run_a_extra": ["trainer.async_save=true"],  # run_b resumes from a background-written checkpoint
         "reshard_layouts": ["tp1pp1", "tp1pp2", "tp2pp1"],
@@ -165,10 +170,11 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("layout", ["tp1pp1", "tp1pp2"], ids=["dp2", "pp2"])
-def test_data_and_pipeline_parallel_step_matches_hf(layout, layouts_run, hf_step):
+@pytest.mark.parametrize("name", [name for _, _, name in STEP_VARIANTS])
+def test_data_and_pipeline_parallel_step_matches_hf(name, layouts_run, hf_step):
+    """Also with the distributed optimizer (megatron's DDP buffers, reduce-scatter, sharded AdamW)."""
     hf_metrics, hf_state = hf_step
-    got = torch.load(layouts_run / f"step_{layout}.pt")
+    got = torch.load(layouts_run / f"step_{name}.pt")
     assert hf_metrics["actor/grad_norm"] > 0
     for key in ("actor/loss", "actor/pg_loss", "actor/clip_frac"):
         assert got["metrics"][key] == pytest.approx(hf_metrics[key], abs=ATOL), key
@@ -178,12 +184,17 @@ def test_data_and_pipeline_parallel_step_matches_hf(layout, layouts_run, hf_step
             torch.testing.assert_close(got["weights"][key], want, atol=ATOL, rtol=0, msg=key)
 
 
-def test_tp2_grpo_run_follows_the_hf_backend(layouts_run, warm_model, tiny_cache, tmp_path):
-    """Four GRPO steps at TP=2 (two processes) take the hf backend's path: same rewards, same losses."""
-    out = tmp_path / "hf"
+@pytest.fixture(scope="module")
+def hf_run(warm_model, tiny_cache, tmp_path_factory) -> list[dict]:
+    """The metrics of a four-step GRPO run on the hf backend."""
+    out = tmp_path_factory.mktemp("hf_run")
     cfg = load_config(overrides(tiny_cache, out, "model.backend=hf", f"model.path={warm_model}", *RUN))
     Trainer(cfg).fit()
-    hf_run = read_metrics(out / "metrics.jsonl")
+    return read_metrics(out / "metrics.jsonl")
+
+
+def test_tp2_grpo_run_follows_the_hf_backend(layouts_run, hf_run):
+    """Four GRPO steps at TP=2 (two processes) take the hf backend's path: same rewards, same losses."""
     tp2 = read_metrics(layouts_run / "run_a" / "metrics.jsonl")
     assert [r["step"] for r in tp2] == [r["step"] for r in hf_run] == [0, 1, 2, 3]  # rank 0 logs once
     assert len({r["reward/mean"] for r in hf_run}) > 1  # the policy (and its samples) changed
@@ -191,6 +202,36 @@ def test_tp2_grpo_run_follows_the_hf_backend(layouts_run, warm_model, tiny_cache
         assert b["reward/mean"] == a["reward/mean"], a["step"]
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]
         assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4), a["step"]
+
+
+def test_distributed_optimizer_run_resumes_at_another_layout(layouts_run, hf_run):
+    """DP=2 with the distributed optimizer follows the hf run; its step-1 checkpoint (AdamW state
+    sharded over the two data-parallel ranks) resumes at TP=2 (DP=1) and continues the same metrics."""
+    run_c = read_metrics(layouts_run / "run_c" / "metrics.jsonl")
+    run_d = read_metrics(layouts_run / "run_d" / "metrics.jsonl")
+    assert [r["step"] for r in run_c] == [0, 1] and [r["step"] for r in run_d] == [1]
+    for a, b in [*zip(hf_run, run_c), (hf_run[1], run_d[0])]:
+        assert b["reward/mean"] == a["reward/mean"], a["step"]
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]
+        assert b["actor/grad_norm"] == pytest.approx(a["actor/grad_norm"], rel=1e-4), a["step"]
+        assert b["actor/lr"] == pytest.approx(a["actor/lr"], rel=1e-9), a["step"]
+    assert run_d[0]["actor/loss"] == pytest.approx(run_c[1]["actor/loss"], abs=ATOL)
+    # The resumed step moves the weights exactly as the uninterrupted one (AdamW's moments and
+    # step count came back; with a zero gradient the update is the moments alone).
+    assert_same_step_weights(layouts_run / "run_c", layouts_run / "run_d", before=1, after=2)
+
+
+def assert_same_step_weights(run: Path, resumed: Path, *, before: int, after: int) -> None:
+    """``resumed``'s step-``after`` HF export equals ``run``'s, and that step changed the weights."""
+    from safetensors.torch import load_file
+
+    def export(folder: Path, step: int) -> dict[str, torch.Tensor]:
+        return load_file(folder / "checkpoints" / f"step_{step}" / "model" / "model.safetensors")
+
+    want, got, start = export(run, after), export(resumed, after), export(run, before)
+    assert max(float((want[k] - start[k]).abs().max()) for k in want) > 1e-4  # a real update
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, atol=ATOL, rtol=0, msg=key)
 
 
 def test_tp2_resume_continues_the_same_metrics(layouts_run):
@@ -202,6 +243,7 @@ def test_tp2_resume_continues_the_same_metrics(layouts_run):
             assert b[key] == pytest.approx(a[key], abs=1e-6), (a["step"], key)
     for step in (2, 4):
         assert (layouts_run / "run_a" / "checkpoints" / f"step_{step}" / "dist" / "metadata.json").is_file()
+    assert_same_step_weights(layouts_run / "run_a", layouts_run / "run_b", before=2, after=4)
 
 
 def test_checkpoint_loads_at_other_layouts_with_identical_logprobs(layouts_run, tiny_cache):
@@ -263,3 +305,33 @@ def test_checkpoint_of_another_model_shape_fails_in_one_line(tiny_cache, tmp_pat
     with pytest.raises(CheckpointError) as exc:
         load_dist_checkpoint(other.policy.chunks, None, None, folder / "dist")
     assert "does not fit this model (another model shape?)" in str(exc.value) and "\n" not in str(exc.value)
+    # Optimizer state of the other format (torch AdamW's, loaded by the distributed optimizer).
+    sharded = Trainer(load_config([*base, DISTOPT, f"trainer.output_dir={tmp_path / 'c'}"]))
+    with pytest.raises(CheckpointError) as exc:
+        sharded.load_checkpoint(folder)
+    assert "written with parallel.distributed_optimizer=false: resume with the same setting" in str(exc.value)
+
+
+def test_sft_warmup_with_the_distributed_optimizer_matches_torch_adamw(warm_model, tiny_cache, tmp_path):
+    """The supervised warm-up steps megatron's sharded AdamW like torch's (same losses and weights)."""
+    results = []
+    for extra in ([], [DISTOPT]):
+        cfg = load_config(
+            overrides(
+                tiny_cache,
+                tmp_path / str(len(extra)),
+                "model.backend=megatron",
+                f"model.path={warm_model}",
+                "sft_warmup.steps=3",
+                *extra,
+            )
+        )
+        trainer = Trainer(cfg)
+        losses = run_sft_warmup(
+            trainer.policy, trainer.task, trainer.tokenizer, cfg, workflow=trainer.workflow
+        )
+        results.append((losses, trainer.policy.export_hf_state_dict()))
+    (want_losses, want), (got_losses, got) = results
+    assert got_losses == pytest.approx(want_losses, abs=ATOL) and want_losses[0] != want_losses[-1]
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, atol=ATOL, rtol=0, msg=key)

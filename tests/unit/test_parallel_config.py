@@ -190,11 +190,6 @@ BAD = [
         "parallel.sequence_parallel=true needs CUDA (no CUDA device)",
     ),
     (
-        _set(parallel__distributed_optimizer=True),
-        {},
-        "parallel.distributed_optimizer=true needs CUDA (trainer.device=cpu)",
-    ),
-    (
         _set(parallel__backend="nccl", trainer__device="auto"),
         {"cuda": False},
         "parallel.backend=nccl needs CUDA (no CUDA device); use parallel.backend=gloo or auto",

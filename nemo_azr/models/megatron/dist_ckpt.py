@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_azr.errors import CheckpointError
+from nemo_azr.models.megatron.distributed_optimizer import ShardedAdamW
 
 __all__ = ["load_dist_checkpoint", "save_dist_checkpoint"]
 
@@ -37,7 +38,11 @@ def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
 
 
 def _sharded_state_dict(
-    chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None, scheduler: Any, *, for_load: bool
+    chunks: list[torch.nn.Module],
+    optimizer: torch.optim.Optimizer | ShardedAdamW | None,
+    scheduler: Any,
+    *,
+    for_load: bool,
 ) -> dict[str, Any]:
     """The sharded state dict of the model chunks and (optionally) the optimizer and scheduler.
 
@@ -52,6 +57,9 @@ def _sharded_state_dict(
     model_sd = {f"model{i}": chunk.sharded_state_dict() for i, chunk in enumerate(chunks)}
     out: dict[str, Any] = {"model": model_sd}
     if optimizer is None:
+        return out
+    if isinstance(optimizer, ShardedAdamW):  # megatron's own format (param slices, reshardable)
+        out["distributed_optimizer"] = optimizer.sharded_state_dict(model_sd, for_load=for_load)
         return out
     params = _params(optimizer)
     id_map = get_param_id_to_sharded_param_map(model_sd, params)
@@ -80,7 +88,7 @@ def _sharded_state_dict(
 
 def save_dist_checkpoint(
     chunks: list[torch.nn.Module],
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: torch.optim.Optimizer | ShardedAdamW | None,
     scheduler: Any,
     folder: Path,
     *,
@@ -112,14 +120,32 @@ def save_dist_checkpoint(
     async_queue.schedule_async_request(request)
 
 
+def _check_optimizer_format(folder: Path, *, distributed: bool) -> None:
+    """The optimizer state of ``folder`` must be in the format of this run's optimizer."""
+    from megatron.core import dist_checkpointing
+
+    common = dist_checkpointing.load_common_state_dict(str(folder))
+    written = "distributed_optimizer" in common
+    if written != distributed and ("optimizer" in common or written):
+        raise CheckpointError(
+            f"checkpoint {folder} was written with parallel.distributed_optimizer={str(written).lower()}: "
+            "resume with the same setting (its weights alone load either way as model.path)"
+        )
+
+
 def load_dist_checkpoint(
-    chunks: list[torch.nn.Module], optimizer: torch.optim.Optimizer | None, scheduler: Any, folder: Path
+    chunks: list[torch.nn.Module],
+    optimizer: torch.optim.Optimizer | ShardedAdamW | None,
+    scheduler: Any,
+    folder: Path,
 ) -> None:
     """Load ``folder`` into this rank's chunks (and optimizer/scheduler) at the current layout."""
     from megatron.core import dist_checkpointing
 
     if not dist_checkpointing.check_is_distributed_checkpoint(str(folder)):
         raise CheckpointError(f"{folder} is not a megatron distributed checkpoint (no metadata.json)")
+    if optimizer is not None:
+        _check_optimizer_format(folder, distributed=isinstance(optimizer, ShardedAdamW))
     sharded = _sharded_state_dict(chunks, optimizer, scheduler, for_load=True)
     try:
         loaded = dist_checkpointing.load(sharded, str(folder))
@@ -135,6 +161,9 @@ def load_dist_checkpoint(
         if bad:
             raise CheckpointError(f"checkpoint {folder}: model keys do not match: {bad[:3]}")
     if optimizer is None:
+        return
+    if isinstance(optimizer, ShardedAdamW):
+        optimizer.load_state_dict(loaded["distributed_optimizer"])
         return
     saved = loaded.get("optimizer")
     if saved is None:

@@ -12,7 +12,12 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_data_parallel_grads", "all_reduce_tied_embedding_grads", "model_grad_norm"]
+__all__ = [
+    "all_reduce_data_parallel_grads",
+    "all_reduce_sequence_parallel_grads",
+    "all_reduce_tied_embedding_grads",
+    "model_grad_norm",
+]
 
 #: Elements per all-reduce bucket (float32: 100 MiB): bounds the flattened copy's memory.
 BUCKET_ELEMENTS = 25 * 2**20
@@ -66,6 +71,17 @@ def all_reduce_tied_embedding_grads(chunks: list[torch.nn.Module]) -> None:
             weight.grad = torch.zeros_like(weight)
         dist.all_reduce(weight.grad, group=ps.get_embedding_group())
         return  # one copy per rank (with virtual stages the first/last chunk holds it)
+
+
+def all_reduce_sequence_parallel_grads(params: Iterable[torch.nn.Parameter]) -> None:
+    """With sequence parallelism each tensor-parallel rank normalises only its slice of the sequence,
+    so the replicated norm weights (megatron marks them ``sequence_parallel``) hold partial
+    gradients: sum them over the tensor-parallel group (megatron's ``_allreduce_layernorm_grads``)."""
+    from megatron.core import parallel_state as ps
+
+    grads = [p.grad for p in params if getattr(p, "sequence_parallel", False) and p.grad is not None]
+    if grads and ps.get_tensor_model_parallel_world_size() > 1:
+        _reduce_bucket(grads, ps.get_tensor_model_parallel_group())
 
 
 def model_grad_norm(params: Iterable[torch.nn.Parameter]) -> float:

@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from nemo_azr.algorithms.objective import policy_objective
 from nemo_azr.config.parallel_validate import validate_parallel
-from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.config.schema import NemoAzrConfig, OptimConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.distributed.parallel import ParallelLayout, global_rank, initialize_parallel, world_size
@@ -42,8 +42,10 @@ from nemo_azr.errors import CheckpointError, ConfigError
 from nemo_azr.models.hf_policy import auto_chunk_size
 from nemo_azr.models.megatron.builder import build_gpt_model
 from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint, save_dist_checkpoint
+from nemo_azr.models.megatron.distributed_optimizer import ShardedAdamW, wrap_for_distributed_optimizer
 from nemo_azr.models.megatron.grads import (
     all_reduce_data_parallel_grads,
+    all_reduce_sequence_parallel_grads,
     all_reduce_tied_embedding_grads,
     model_grad_norm,
 )
@@ -62,10 +64,6 @@ from nemo_azr.registry import POLICY_BACKENDS
 __all__ = ["MegatronPolicy"]
 
 ENTROPY_UNSUPPORTED = "algorithm.entropy_coef > 0 is not supported by model.backend=megatron yet"
-DISTRIBUTED_OPTIMIZER_UNSUPPORTED = (
-    "parallel.distributed_optimizer=true is not implemented by the megatron policy yet (it steps a "
-    "torch AdamW on every data-parallel replica); set parallel.distributed_optimizer=false"
-)
 
 
 def megatron_source(path: Path) -> tuple[Path, Path | None]:
@@ -107,8 +105,6 @@ class MegatronPolicy(PPOUpdateMixin):
         self.trainable = trainable
         if cfg.algorithm.entropy_coef > 0:
             raise ConfigError(ENTROPY_UNSUPPORTED)
-        if cfg.parallel.distributed_optimizer:
-            raise ConfigError(DISTRIBUTED_OPTIMIZER_UNSUPPORTED)
         # model.path: a HF folder, or a megatron checkpoint (dist/ + model/ with the HF config).
         self.config_dir, dist_dir = megatron_source(self.model_path)
         self.hf_config = AutoConfig.from_pretrained(str(self.config_dir))
@@ -147,7 +143,13 @@ class MegatronPolicy(PPOUpdateMixin):
             self.model.eval()
             for p in self.model.parameters():
                 p.requires_grad_(False)
-        self.optimizer: torch.optim.Optimizer | None = None
+        # parallel.distributed_optimizer: megatron's DDP (gradient buffers) around the chunks.
+        self.ddp_chunks = (
+            wrap_for_distributed_optimizer(self.chunks)
+            if trainable and cfg.parallel.distributed_optimizer
+            else None
+        )
+        self.optimizer: torch.optim.Optimizer | ShardedAdamW | None = None
         self.scheduler = None
         self._hf_model: torch.nn.Module | None = None
         self._async_queue = None  # megatron AsyncCallsQueue of trainer.async_save
@@ -169,6 +171,10 @@ class MegatronPolicy(PPOUpdateMixin):
 
     # --- optimisation set-up ----------------------------------------------------------------------
     def setup_optimizer(self, total_steps: int) -> None:
+        if self.ddp_chunks is not None:  # each data-parallel rank keeps 1/dp of the AdamW state
+            self.optimizer = ShardedAdamW(self.ddp_chunks, self.cfg.optim, total_steps=total_steps)
+            self.scheduler = self.optimizer.scheduler
+            return
         # AdamW is elementwise, so each TP/PP rank stepping its own shard equals stepping the full
         # tensor; data-parallel replicas step identical (all-reduced) gradients.
         self.optimizer, self.scheduler = build_optimizer(
@@ -263,12 +269,15 @@ class MegatronPolicy(PPOUpdateMixin):
         return out
 
     # --- gradients of a mini-batch -----------------------------------------------------------------
-    def backward_rows(self, mb: Batch, loss_fn: MicroLossFn) -> dict[str, float]:
+    def backward_rows(
+        self, mb: Batch, loss_fn: MicroLossFn, optimizer: torch.optim.Optimizer | ShardedAdamW
+    ) -> dict[str, float]:
         """Accumulate the gradients of ``loss_fn`` over this data-parallel rank's rows of ``mb``
         (micro-batched, pipelined when pp > 1), then sum them over the data-parallel group.
 
         ``loss_fn`` must normalise by mini-batch totals, so the summed gradient equals one process
         running all rows. Returns the summed micro-batch metrics, identical on every rank.
+        ``optimizer`` decides where the gradients go: ``.grad`` (torch) or megatron's DDP buffers.
         """
         from megatron.core import parallel_state as ps
 
@@ -281,11 +290,17 @@ class MegatronPolicy(PPOUpdateMixin):
                 add_micro_metrics(metrics, loss, m, weight=1.0)
         elif len(mine):
             metrics = self._backward_pipelined(mine, loss_fn)
-        if self._pipelined:
-            all_reduce_tied_embedding_grads(self.chunks)
         _, dp = self._dp()
+        if isinstance(optimizer, ShardedAdamW):
+            optimizer.finish_gradients()  # megatron: reduce-scatter, tied embedding, SP norms
+        else:
+            if self._pipelined:
+                all_reduce_tied_embedding_grads(self.chunks)
+            if self.layout.sequence_parallel:
+                all_reduce_sequence_parallel_grads(self.model.parameters())
+            if dp > 1:
+                all_reduce_data_parallel_grads(self.model.parameters(), ps.get_data_parallel_group())
         if dp > 1:
-            all_reduce_data_parallel_grads(self.model.parameters(), ps.get_data_parallel_group())
             gathered: list[dict[str, float]] = [{} for _ in range(dp)]
             dist.all_gather_object(gathered, dict(metrics), group=ps.get_data_parallel_group())
             metrics = defaultdict(float)
@@ -341,7 +356,7 @@ class MegatronPolicy(PPOUpdateMixin):
             weight = float(micro[F.LOSS_MASK].sum()) / num_tokens
             return loss, {k: (v if k in SUMMED_METRICS else float(v) * weight) for k, v in m.items()}
 
-        return self.backward_rows(mb, objective)
+        return self.backward_rows(mb, objective, self.optimizer)
 
     def _objective(
         self, micro: Batch, logprobs: torch.Tensor, *, num_tokens: float, num_seqs: int, norm_length: int
@@ -373,6 +388,8 @@ class MegatronPolicy(PPOUpdateMixin):
         return norm
 
     def _clip_and_step(self) -> float:
+        if isinstance(self.optimizer, ShardedAdamW):
+            return self.optimizer.clip_and_step()
         max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
         norm = self._clip(max_norm)
         if math.isfinite(norm):
@@ -383,7 +400,19 @@ class MegatronPolicy(PPOUpdateMixin):
         return norm
 
     # --- supervised warm-up ----------------------------------------------------------------------
-    def sft_step(self, batch: Batch, optimizer: torch.optim.Optimizer) -> float:
+    def sft_optimizer(self, lr: float) -> torch.optim.Optimizer | ShardedAdamW:
+        """The supervised warm-up's optimizer: torch's AdamW defaults at ``lr`` (sharded like the RL
+        optimizer with ``parallel.distributed_optimizer``; clipping at ``optim.grad_clip``)."""
+        if self.ddp_chunks is None:
+            return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
+        return ShardedAdamW(
+            self.ddp_chunks,
+            OptimConfig(lr=lr, weight_decay=0.01, grad_clip=self.cfg.optim.grad_clip),
+            total_steps=0,
+            schedule=False,
+        )
+
+    def sft_step(self, batch: Batch, optimizer: torch.optim.Optimizer | ShardedAdamW) -> float:
         """One step of mean token NLL over ``loss_mask`` (supervised warm-up)."""
         optimizer.zero_grad(set_to_none=True)
         total = float(batch[F.LOSS_MASK].sum()) or 1.0
@@ -392,7 +421,10 @@ class MegatronPolicy(PPOUpdateMixin):
             mask = micro[F.LOSS_MASK].to(logprobs.device)
             return -(logprobs * mask).sum() / total, {}
 
-        metrics = self.backward_rows(batch, nll)
+        metrics = self.backward_rows(batch, nll, optimizer)
+        if isinstance(optimizer, ShardedAdamW):
+            optimizer.clip_and_step()
+            return metrics.get("actor/loss", 0.0)
         if self.cfg.optim.grad_clip > 0:
             self._clip(self.cfg.optim.grad_clip)
         optimizer.step()
