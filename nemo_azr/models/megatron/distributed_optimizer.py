@@ -15,6 +15,7 @@ data-parallel ranks: one step equals the one-process step.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
@@ -102,7 +103,10 @@ class ShardedAdamW:
     def zero_grad(self, set_to_none: bool = True) -> None:
         for chunk in self.ddp_chunks:
             chunk.zero_grad_buffer()
-        self.optimizer.zero_grad(set_to_none)
+        with warnings.catch_warnings():
+            # megatron clears `.grad` of its shard views too (harmless; torch warns once per run).
+            warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+            self.optimizer.zero_grad(set_to_none)
 
     def finish_gradients(self) -> None:
         """Collective: reduce-scatter the gradient buffers (and the tied-embedding / sequence-parallel
