@@ -54,7 +54,9 @@ class ParallelConfig:
     virtual_pipeline_model_parallel_size: int = 0  # 0: off; interleaved schedule, needs pp > 1
     micro_batch_size: int = 1  # rows per forward/backward on each data-parallel rank
     global_batch_size: int = 0  # rows per optimizer step; 0: algorithm.mini_batch_size or the rows per step
-    distributed_optimizer: bool = False  # megatron DDP + distributed optimizer: AdamW state sharded over DP ranks
+    distributed_optimizer: bool = (
+        False  # megatron DDP + distributed optimizer: AdamW state sharded over DP ranks
+    )
     use_te: str = "auto"  # auto | true | false: TransformerEngine layer spec (auto: when importable, on CUDA)
     make_vocab_size_divisible_by: int = 128  # vocabulary padded to a multiple of this x tp
     backend: str = "auto"  # torch.distributed backend: auto | nccl | gloo (auto: nccl on CUDA, else gloo)

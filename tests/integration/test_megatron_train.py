@@ -32,12 +32,18 @@ TIMEOUT_S = 300
 SFT_STEPS = 40
 RUN = ["trainer.max_steps=4", "trainer.save_interval=2", "trainer.keep_last=0"]
 DISTOPT = "parallel.distributed_optimizer=true"
+#: The entropy bonus, with an Adam eps above float noise: the entropy term leaves some gradients near
+#: zero, and Adam's first step (~lr * sign(grad) at eps=1e-8) would turn their 1e-9 differences
+#: between the backends' reductions into 1e-5 weight differences.
+ENTROPY = ["algorithm.entropy_coef=0.05", "optim.eps=1e-4"]
 #: (parallel preset, extra overrides, name) of the one-step checks at two processes.
 STEP_VARIANTS = [
     ("tp1pp1", [], "dp2"),
     ("tp1pp2", [], "pp2"),
     ("tp1pp1", [DISTOPT], "dp2_distopt"),
     ("tp1pp2", [DISTOPT], "pp2_distopt"),
+    ("tp2pp1", ENTROPY, "tp2_entropy"),  # vocab-parallel entropy bonus
+    ("tp1pp2", ENTROPY, "pp2_entropy"),
 ]
 
 
@@ -80,31 +86,53 @@ def warm_model(tiny_cache, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def hf_step(warm_model, tiny_cache, tmp_path_factory):
-    out = tmp_path_factory.mktemp("hf")
-    cfg = load_config(overrides(tiny_cache, out, "model.backend=hf", f"model.path={warm_model}"))
-    trainer, metrics = one_step(cfg)
-    return metrics, hf_weights(trainer)
+def hf_steps(warm_model, tiny_cache, tmp_path_factory):
+    """``hf_steps(*extra)``: metrics and weights after one hf GRPO step (computed once per ``extra``)."""
+    cache: dict[tuple[str, ...], tuple[dict[str, float], dict[str, torch.Tensor]]] = {}
+
+    def step(*extra: str):
+        if extra not in cache:
+            out = tmp_path_factory.mktemp("hf")
+            cfg = load_config(
+                overrides(tiny_cache, out, "model.backend=hf", f"model.path={warm_model}", *extra)
+            )
+            trainer, metrics = one_step(cfg)
+            cache[extra] = metrics, hf_weights(trainer)
+        return cache[extra]
+
+    return step
+
+
+@pytest.fixture(scope="module")
+def hf_step(hf_steps):
+    return hf_steps()
+
+
+def assert_step_matches(metrics: dict[str, float], state: dict[str, torch.Tensor], reference) -> None:
+    """One GRPO step's metrics and updated weights equal the hf backend's ``reference`` step."""
+    hf_metrics, hf_state = reference
+    assert hf_metrics["actor/grad_norm"] > 0  # a real update (not an all-zero-advantage batch)
+    for key in ("actor/loss", "actor/pg_loss", "actor/clip_frac", "actor/entropy"):
+        if key in hf_metrics:
+            assert metrics[key] == pytest.approx(hf_metrics[key], abs=ATOL), key
+    assert metrics["actor/grad_norm"] == pytest.approx(hf_metrics["actor/grad_norm"], rel=1e-4)
+    assert metrics["batch/tokens"] == hf_metrics["batch/tokens"]
+    for key, want in hf_state.items():
+        if key not in state:  # a tied lm_head is the embedding
+            assert key == "lm_head.weight"
+            continue
+        torch.testing.assert_close(state[key], want, atol=ATOL, rtol=0, msg=key)
 
 
 def test_single_process_matches_hf(hf_step, warm_model, tiny_cache, tmp_path):
-    hf_metrics, hf_state = hf_step
     cfg = load_config(
         overrides(
             tiny_cache, tmp_path, "model.backend=megatron", "parallel=tp1pp1", f"model.path={warm_model}"
         )
     )
     trainer, metrics = one_step(cfg)
-    assert hf_metrics["actor/grad_norm"] > 0  # a real update (not an all-zero-advantage batch)
-    assert metrics["actor/loss"] == pytest.approx(hf_metrics["actor/loss"], abs=ATOL)
-    assert metrics["actor/grad_norm"] == pytest.approx(hf_metrics["actor/grad_norm"], rel=1e-4)
-    assert metrics["batch/tokens"] == hf_metrics["batch/tokens"]
     state = hf_weights(trainer)
-    for key, want in hf_state.items():
-        if key not in state:  # a tied lm_head is the embedding
-            assert key == "lm_head.weight"
-            continue
-        torch.testing.assert_close(state[key], want, atol=ATOL, rtol=0, msg=key)
+    assert_step_matches(metrics, state, hf_step)
     # The checkpoint round trip: dist/ restores the weights and the optimizer state exactly.
     folder = trainer.save_checkpoint()
     assert (folder / "model" / "model.safetensors").is_file() and (
@@ -123,12 +151,15 @@ def test_single_process_matches_hf(hf_step, warm_model, tiny_cache, tmp_path):
             assert torch.equal(loaded_optim["state"][pid][name], st[name]), (pid, name)
 
 
-def test_unsupported_options_are_rejected(tiny_cache, tmp_path):
+def test_entropy_bonus_step_matches_hf(hf_steps, warm_model, tiny_cache, tmp_path):
     cfg = load_config(
-        overrides(tiny_cache, tmp_path, "model.backend=megatron", "algorithm.entropy_coef=0.01")
+        overrides(tiny_cache, tmp_path, "model.backend=megatron", f"model.path={warm_model}", *ENTROPY)
     )
-    with pytest.raises(ConfigError, match="entropy_coef > 0 is not supported by model.backend=megatron"):
-        Trainer(cfg)
+    trainer, metrics = one_step(cfg)
+    reference = hf_steps(*ENTROPY)
+    assert reference[0]["actor/entropy"] > 0
+    assert reference[0]["actor/loss"] != pytest.approx(hf_steps()[0]["actor/loss"], abs=1e-4)  # it counts
+    assert_step_matches(metrics, hf_weights(trainer), reference)
 
 
 def fixed_batch(vocab: int) -> dict[str, torch.Tensor]:
@@ -170,18 +201,13 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", [name for _, _, name in STEP_VARIANTS])
-def test_data_and_pipeline_parallel_step_matches_hf(name, layouts_run, hf_step):
-    """Also with the distributed optimizer (megatron's DDP buffers, reduce-scatter, sharded AdamW)."""
-    hf_metrics, hf_state = hf_step
+@pytest.mark.parametrize("extra,name", [(extra, name) for _, extra, name in STEP_VARIANTS], ids=str)
+def test_data_and_pipeline_parallel_step_matches_hf(extra, name, layouts_run, hf_steps):
+    """Also with the distributed optimizer (megatron's DDP buffers, reduce-scatter, sharded AdamW)
+    and with the entropy bonus (vocab-parallel entropy, through the pipeline schedule at PP=2)."""
     got = torch.load(layouts_run / f"step_{name}.pt")
-    assert hf_metrics["actor/grad_norm"] > 0
-    for key in ("actor/loss", "actor/pg_loss", "actor/clip_frac"):
-        assert got["metrics"][key] == pytest.approx(hf_metrics[key], abs=ATOL), key
-    assert got["metrics"]["actor/grad_norm"] == pytest.approx(hf_metrics["actor/grad_norm"], rel=1e-4)
-    for key, want in hf_state.items():
-        if key in got["weights"]:
-            torch.testing.assert_close(got["weights"][key], want, atol=ATOL, rtol=0, msg=key)
+    reference = hf_steps(*[e for e in extra if e in ENTROPY])
+    assert_step_matches(got["metrics"], got["weights"], reference)
 
 
 @pytest.fixture(scope="module")

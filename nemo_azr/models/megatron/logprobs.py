@@ -35,6 +35,7 @@ __all__ = [
     "PipelineLossFn",
     "compact_rows",
     "megatron_token_logprobs",
+    "pad_columns",
     "pad_rows",
     "run_pipeline",
 ]
@@ -141,8 +142,11 @@ def _hidden_to_logprobs(
     temperature: float,
     chunk_size: int,
     backend: str,
+    return_entropy: bool = False,
 ) -> torch.Tensor:
-    """Log-probs ``[N]`` of the target positions of ``batch`` from hidden states ``[S, B, H]``."""
+    """Log-probs ``[N]`` of the target positions of ``batch`` from hidden states ``[S, B, H]``; with
+    ``return_entropy``, ``[2, N]``: the log-probs and the entropies of the (temperature-scaled)
+    distributions that predict them (vocab-parallel, like the log-probs)."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
@@ -154,20 +158,22 @@ def _hidden_to_logprobs(
     hidden = hidden[: batch.input_ids.shape[1]].transpose(0, 1)
     weight, start = _output_weight(model)
     group = ps.get_tensor_model_parallel_group() if ps.get_tensor_model_parallel_world_size() > 1 else None
-    return linear_token_logprobs(
+    out = linear_token_logprobs(
         hidden[:, :-1][batch.targets],
         weight,
         batch.input_ids[:, 1:][batch.targets],
         temperature=temperature,
         backend=backend,
         chunk_size=chunk_size,
+        return_entropy=return_entropy,
         process_group=group,
         vocab_start=start,
         reduce_hidden_grad=reduce_hidden_grad,
     )
+    return torch.stack(out) if return_entropy else out
 
 
-def _pad_to_multiple(batch: CompactBatch, multiple: int) -> CompactBatch:
+def pad_columns(batch: CompactBatch, multiple: int) -> CompactBatch:
     """Right-pad the compacted columns so sequence parallelism can split them evenly."""
     extra = -batch.input_ids.shape[1] % multiple
     if not extra:
@@ -178,11 +184,16 @@ def _pad_to_multiple(batch: CompactBatch, multiple: int) -> CompactBatch:
 
 
 def _forward_stage_local(
-    model: torch.nn.Module, batch: CompactBatch, temperature: float, chunk_size: int, backend: str
+    model: torch.nn.Module,
+    batch: CompactBatch,
+    temperature: float,
+    chunk_size: int,
+    backend: str,
+    return_entropy: bool = False,
 ) -> torch.Tensor:
     with _hidden_states_output(model):
         hidden = model(batch.input_ids, batch.position_ids(), None)
-    return _hidden_to_logprobs(model, hidden, batch, temperature, chunk_size, backend)
+    return _hidden_to_logprobs(model, hidden, batch, temperature, chunk_size, backend, return_entropy)
 
 
 def _split(batch: CompactBatch, size: int) -> list[CompactBatch]:
@@ -196,7 +207,8 @@ def _split(batch: CompactBatch, size: int) -> list[CompactBatch]:
 
 
 #: ``loss_fn(index, micro, values)`` of :func:`run_pipeline`: micro-batch ``index`` of the compacted
-#: batch and the log-probs ``[N]`` of its target positions -> (scalar loss, metrics dict).
+#: batch and the log-probs ``[N]`` of its target positions (``[2, N]`` log-probs and entropies with
+#: ``return_entropy``) -> (scalar loss, metrics dict).
 PipelineLossFn = Callable[[int, CompactBatch, torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]
 
 
@@ -224,6 +236,7 @@ def run_pipeline(
     temperature: float,
     chunk_size: int,
     backend: str,
+    return_entropy: bool = False,
 ) -> list[dict[str, Any]]:
     """Micro-batches of ``batch`` through megatron's pipeline schedule (1F1B, or interleaved with
     virtual stages); with ``forward_only=False`` gradients accumulate in the parameters.
@@ -246,7 +259,9 @@ def run_pipeline(
             hidden = stage(micro.input_ids, micro.position_ids(), None)
 
         def loss_func(output: torch.Tensor):
-            values = _hidden_to_logprobs(stage, output, micro, temperature, chunk_size, backend)
+            values = _hidden_to_logprobs(
+                stage, output, micro, temperature, chunk_size, backend, return_entropy
+            )
             loss, metrics = loss_fn(next(position), micro, values)
             # Three outputs + config.calculate_per_token_loss: the loss is used as given.
             return loss, torch.ones((), dtype=torch.int), metrics
@@ -312,8 +327,11 @@ def megatron_token_logprobs(
     chunk_size: int = 1024,
     backend: str = "auto",
     micro_batch_size: int | None = None,
-) -> torch.Tensor:
-    """float32 ``logprobs[B, T]`` of ``input_ids`` under this rank's megatron model (see module doc).
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``logprobs[B, T]`` of ``input_ids`` under this rank's megatron model (see module doc);
+    with ``return_entropy`` also the entropies ``[B, T]`` in the same columns (one stage only: the
+    pipelined training path gets them through :func:`run_pipeline`).
 
     Every rank of the tensor/pipeline group must call it with the same batch. Without pipeline
     parallelism the result is differentiable; with it the forward runs in ``micro_batch_size``-row
@@ -330,11 +348,15 @@ def megatron_token_logprobs(
         None if position_ids is None else position_ids.to(device),
     )
     if first.config.sequence_parallel:
-        batch = _pad_to_multiple(batch, ps.get_tensor_model_parallel_world_size())
+        batch = pad_columns(batch, ps.get_tensor_model_parallel_world_size())
+    width = input_ids.shape[1]
     if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
-        values = _forward_stage_local(first, batch, temperature, chunk_size, backend)
+        values = _forward_stage_local(first, batch, temperature, chunk_size, backend, return_entropy)
+        if return_entropy:
+            return batch.restore(values[0])[:, :width], batch.restore(values[1])[:, :width]
+    elif return_entropy:
+        raise ValueError("megatron_token_logprobs: return_entropy needs one pipeline stage")
     else:
         mbs = micro_batch_size or input_ids.shape[0]
         values = _forward_pipelined(list(chunks), batch, temperature, chunk_size, backend, mbs)
-    out = batch.restore(values)
-    return out[:, : input_ids.shape[1]]
+    return batch.restore(values)[:, :width]

@@ -16,7 +16,6 @@ parallelism a rank's rows go through megatron's schedule (1F1B / interleaved) in
 Checkpoints: ``dist/`` (megatron ``dist_checkpointing``, torch_dist: model and optimizer state with
 their sharding, so they load at another TP/PP/DP layout) and ``model/`` (the HF export, rank 0).
 
-Not implemented yet (one-line ConfigError): the entropy bonus (``algorithm.entropy_coef > 0``).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from nemo_azr.config.schema import NemoAzrConfig, OptimConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.distributed.parallel import ParallelLayout, global_rank, initialize_parallel, world_size
-from nemo_azr.errors import CheckpointError, ConfigError
+from nemo_azr.errors import CheckpointError
 from nemo_azr.models.hf_policy import auto_chunk_size
 from nemo_azr.models.megatron.builder import build_gpt_model
 from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint, save_dist_checkpoint
@@ -54,6 +53,7 @@ from nemo_azr.models.megatron.logprobs import (
     CompactBatch,
     compact_rows,
     megatron_token_logprobs,
+    pad_columns,
     pad_rows,
     run_pipeline,
 )
@@ -62,8 +62,6 @@ from nemo_azr.models.ppo_update import SUMMED_METRICS, PPOUpdateMixin, add_micro
 from nemo_azr.registry import POLICY_BACKENDS
 
 __all__ = ["MegatronPolicy"]
-
-ENTROPY_UNSUPPORTED = "algorithm.entropy_coef > 0 is not supported by model.backend=megatron yet"
 
 
 def megatron_source(path: Path) -> tuple[Path, Path | None]:
@@ -80,9 +78,11 @@ def megatron_source(path: Path) -> tuple[Path, Path | None]:
     return path, None
 
 
-#: ``loss_fn(micro, logprobs)`` of :meth:`MegatronPolicy.backward_rows`: a micro-batch of the contract
+#: ``loss_fn(micro, logprobs, entropy)`` of :meth:`MegatronPolicy.backward_rows`: a micro-batch of the
+#: contract, its differentiable log-probs ``[b, T]`` (loss-masked) and, when asked for, the entropies
+#: in the same columns (else None) -> (scalar loss, metrics).
 #: and its differentiable log-probs ``[b, T]`` (loss-masked) -> (scalar loss, metrics).
-MicroLossFn = Callable[[Batch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]
+MicroLossFn = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
 
 
 @POLICY_BACKENDS.register("megatron")
@@ -103,8 +103,6 @@ class MegatronPolicy(PPOUpdateMixin):
         self.model_path = Path(model_path)
         self.device = torch.device(device)
         self.trainable = trainable
-        if cfg.algorithm.entropy_coef > 0:
-            raise ConfigError(ENTROPY_UNSUPPORTED)
         # model.path: a HF folder, or a megatron checkpoint (dist/ + model/ with the HF config).
         self.config_dir, dist_dir = megatron_source(self.model_path)
         self.hf_config = AutoConfig.from_pretrained(str(self.config_dir))
@@ -218,12 +216,15 @@ class MegatronPolicy(PPOUpdateMixin):
         return self._hf_copy()
 
     # --- log-probs -------------------------------------------------------------------------------
-    def token_logprobs(self, batch: Batch, *, mask_key: str = F.LOSS_MASK) -> torch.Tensor:
-        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere).
+    def token_logprobs(
+        self, batch: Batch, *, mask_key: str = F.LOSS_MASK, return_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """logprobs[B, T] of ``input_ids`` at the columns where ``batch[mask_key]`` is 1 (0 elsewhere);
+        with ``return_entropy`` (one pipeline stage) also the entropies of the same columns.
 
         Differentiable without pipeline parallelism; with it a no-grad forward through the schedule.
         """
-        lp = megatron_token_logprobs(
+        out = megatron_token_logprobs(
             self.chunks,
             batch[F.INPUT_IDS],
             batch[F.ATTENTION_MASK],
@@ -232,9 +233,12 @@ class MegatronPolicy(PPOUpdateMixin):
             chunk_size=self.chunk_size,
             backend=self.kernel_backend,
             micro_batch_size=self.micro_batch_size,
+            return_entropy=return_entropy,
         )
+        lp, entropy = out if return_entropy else (out, None)
         # megatron_token_logprobs fills every real token; the hf backend only the trained ones.
-        return lp * (batch[mask_key].to(lp.device) > 0)
+        keep = batch[mask_key].to(lp.device) > 0
+        return (lp * keep, entropy * keep) if return_entropy else lp * keep
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -270,14 +274,20 @@ class MegatronPolicy(PPOUpdateMixin):
 
     # --- gradients of a mini-batch -----------------------------------------------------------------
     def backward_rows(
-        self, mb: Batch, loss_fn: MicroLossFn, optimizer: torch.optim.Optimizer | ShardedAdamW
+        self,
+        mb: Batch,
+        loss_fn: MicroLossFn,
+        optimizer: torch.optim.Optimizer | ShardedAdamW,
+        *,
+        entropy: bool = False,
     ) -> dict[str, float]:
         """Accumulate the gradients of ``loss_fn`` over this data-parallel rank's rows of ``mb``
         (micro-batched, pipelined when pp > 1), then sum them over the data-parallel group.
 
         ``loss_fn`` must normalise by mini-batch totals, so the summed gradient equals one process
         running all rows. Returns the summed micro-batch metrics, identical on every rank.
-        ``optimizer`` decides where the gradients go: ``.grad`` (torch) or megatron's DDP buffers.
+        ``optimizer`` decides where the gradients go: ``.grad`` (torch) or megatron's DDP buffers;
+        ``entropy``: whether ``loss_fn`` gets the entropies (else None).
         """
         from megatron.core import parallel_state as ps
 
@@ -285,11 +295,12 @@ class MegatronPolicy(PPOUpdateMixin):
         metrics: dict[str, float] = defaultdict(float)
         if len(mine) and not self._pipelined:
             for micro in mine.split(self.micro_batch_size):
-                loss, m = loss_fn(micro, self.token_logprobs(micro))
+                out = self.token_logprobs(micro, return_entropy=entropy)
+                loss, m = loss_fn(micro, *(out if entropy else (out, None)))
                 loss.backward()
                 add_micro_metrics(metrics, loss, m, weight=1.0)
         elif len(mine):
-            metrics = self._backward_pipelined(mine, loss_fn)
+            metrics = self._backward_pipelined(mine, loss_fn, entropy)
         _, dp = self._dp()
         if isinstance(optimizer, ShardedAdamW):
             optimizer.finish_gradients()  # megatron: reduce-scatter, tied embedding, SP norms
@@ -309,21 +320,25 @@ class MegatronPolicy(PPOUpdateMixin):
                     metrics[k] += v
         return dict(metrics)
 
-    def _backward_pipelined(self, rows: Batch, loss_fn: MicroLossFn) -> dict[str, float]:
+    def _backward_pipelined(self, rows: Batch, loss_fn: MicroLossFn, entropy: bool) -> dict[str, float]:
         """Forward/backward of ``rows`` through megatron's pipeline schedule; metrics on every stage."""
         from megatron.core import parallel_state as ps
 
         mbs = self.micro_batch_size
         compact = compact_rows(rows[F.INPUT_IDS], rows[F.ATTENTION_MASK], rows.get(F.POSITION_IDS))
+        if self.layout.sequence_parallel:  # the sequence splits evenly over the TP ranks
+            compact = pad_columns(compact, self.layout.tp)
         compact = pad_rows(compact, mbs)  # every micro-batch has mbs rows (fixed p2p shapes)
         micros = [rows.index(torch.arange(i, min(i + mbs, len(rows)))) for i in range(0, len(rows), mbs)]
         width = rows.seq_len
 
         def pipeline_loss(index: int, micro: CompactBatch, values: torch.Tensor):
             batch = micros[index]
-            lp = micro.restore(values)[: len(batch), :width]
-            lp = lp * (batch[F.LOSS_MASK].to(lp.device) > 0)
-            loss, m = loss_fn(batch, lp)
+            keep = batch[F.LOSS_MASK].to(values.device) > 0
+            per_column = [
+                micro.restore(v)[: len(batch), :width] * keep for v in values.view(-1, values.shape[-1])
+            ]
+            loss, m = loss_fn(batch, per_column[0], per_column[1] if entropy else None)
             return loss, {"loss": float(loss.detach()), **{k: float(v) for k, v in m.items()}}
 
         outputs = run_pipeline(
@@ -335,6 +350,7 @@ class MegatronPolicy(PPOUpdateMixin):
             temperature=self.temperature,
             chunk_size=self.chunk_size,
             backend=self.kernel_backend,
+            return_entropy=entropy,
         )
         metrics: dict[str, float] = defaultdict(float)
         for out in outputs:
@@ -348,18 +364,28 @@ class MegatronPolicy(PPOUpdateMixin):
 
     # --- RL update: PPOUpdateMixin (models/ppo_update.py) ---------------------------------------
     def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
-        def objective(micro: Batch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        def objective(
+            micro: Batch, logprobs: torch.Tensor, entropy: torch.Tensor | None
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             loss, m = self._objective(
-                micro, logprobs, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
+                micro, logprobs, entropy, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
             )
             # Token-weighted metrics: weigh by this micro-batch's share of the mini-batch's tokens.
             weight = float(micro[F.LOSS_MASK].sum()) / num_tokens
             return loss, {k: (v if k in SUMMED_METRICS else float(v) * weight) for k, v in m.items()}
 
-        return self.backward_rows(mb, objective, self.optimizer)
+        # The entropy bonus needs the entropies (vocab-parallel, like the log-probs).
+        return self.backward_rows(mb, objective, self.optimizer, entropy=self.cfg.algorithm.entropy_coef > 0)
 
     def _objective(
-        self, micro: Batch, logprobs: torch.Tensor, *, num_tokens: float, num_seqs: int, norm_length: int
+        self,
+        micro: Batch,
+        logprobs: torch.Tensor,
+        entropy: torch.Tensor | None,
+        *,
+        num_tokens: float,
+        num_seqs: int,
+        norm_length: int,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         old = micro.get(F.OLD_LOGPROBS)
         return policy_objective(
@@ -369,6 +395,7 @@ class MegatronPolicy(PPOUpdateMixin):
             loss_mask=micro[F.LOSS_MASK].to(logprobs.device),
             cfg=self.cfg.algorithm,
             ref_logprobs=micro.get(F.REF_LOGPROBS),
+            entropy=entropy,
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             norm_length=norm_length,
@@ -417,7 +444,9 @@ class MegatronPolicy(PPOUpdateMixin):
         optimizer.zero_grad(set_to_none=True)
         total = float(batch[F.LOSS_MASK].sum()) or 1.0
 
-        def nll(micro: Batch, logprobs: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        def nll(
+            micro: Batch, logprobs: torch.Tensor, _entropy: None
+        ) -> tuple[torch.Tensor, dict[str, float]]:
             mask = micro[F.LOSS_MASK].to(logprobs.device)
             return -(logprobs * mask).sum() / total, {}
 
