@@ -76,10 +76,11 @@ def _use_te(p: ParallelConfig) -> str:
 def check_parallel_static(cfg: NemoAzrConfig) -> None:
     """Value checks that need neither processes nor the model; run for every backend at start."""
     p = cfg.parallel
-    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "micro_batch_size"):
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size"):
         _require(getattr(p, key) >= 1, f"parallel.{key}={getattr(p, key)} must be >= 1")
     for key, zero in (
         ("data_parallel_size", "derived from the world size"),
+        ("micro_batch_size", "derived"),
         ("virtual_pipeline_model_parallel_size", "off"),
         ("global_batch_size", "derived"),
     ):
@@ -178,12 +179,13 @@ def validate_parallel(
         )
         dp = world_size // model
 
-    mbs = p.micro_batch_size
+    mbs = p.micro_batch_size or _derived_micro_batch(cfg, dp, pp, interleaved=bool(vpp))
+    mbs_desc = f"{_MBS}={mbs}" + ("" if p.micro_batch_size else " (derived)")
     gbs, gbs_desc = _global_batch(cfg, mbs * dp)
     # megatron/core/num_microbatches_calculator.py:340-350 (ConstantNumMicroBatchesCalculator)
     _require(
         gbs % (mbs * dp) == 0,
-        f"{gbs_desc} must be divisible by {_MBS}={mbs} x data parallel size {dp} = {mbs * dp}; "
+        f"{gbs_desc} must be divisible by {mbs_desc} x data parallel size {dp} = {mbs * dp}; "
         f"use a multiple of {mbs * dp}" + (f" or a {_MBS} dividing {gbs // dp}" if gbs % dp == 0 else ""),
     )
     num_micro = gbs // (mbs * dp)
@@ -193,7 +195,7 @@ def validate_parallel(
         _require(
             num_micro % pp == 0,
             f"{_VPP}={vpp} (interleaved schedule) needs the micro-batches per step ({gbs_desc} / "
-            f"({_MBS}={mbs} x dp {dp}) = {num_micro}) to be a multiple of {_PP}={pp}; "
+            f"({mbs_desc} x dp {dp}) = {num_micro}) to be a multiple of {_PP}={pp}; "
             f"use a global batch that is a multiple of {mbs * dp * pp} or {_VPP}=0",
         )
 
@@ -263,6 +265,24 @@ def _check_model_shape(p: ParallelConfig, heads: int, kv_heads: int, layers: int
             f"{_VPP}={vpp} x {_PP}={pp} = {vpp * pp} must divide the model's {layers} layers; "
             f"try {_VPP}={_or(_divisors(layers // pp))}, or 0 (off)",
         )
+
+
+def _derived_micro_batch(cfg: NemoAzrConfig, dp: int, pp: int, *, interleaved: bool) -> int:
+    """``parallel.micro_batch_size=0``: the largest divisor of each data-parallel rank's rows per
+    optimizer step that is at most ``algorithm.micro_batch_size`` and, with pipeline parallelism,
+    leaves at least ``pp`` micro-batches (a multiple of ``pp`` when interleaved) so stages overlap.
+    1 when no such divisor exists (the batch checks then name the problem)."""
+    cap = max(1, cfg.algorithm.micro_batch_size)
+    gbs, _ = _global_batch(cfg, cap * dp)
+    if gbs % dp:
+        return 1
+    rows = gbs // dp
+    fits = [
+        d
+        for d in _divisors(rows)
+        if d <= cap and (pp == 1 or rows // d >= pp) and not (interleaved and (rows // d) % pp)
+    ]
+    return max(fits, default=1)
 
 
 def _global_batch(cfg: NemoAzrConfig, per_micro_step: int) -> tuple[int, str]:

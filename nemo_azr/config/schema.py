@@ -52,7 +52,7 @@ class ParallelConfig:
     data_parallel_size: int = 0  # 0: derived, world_size / (tp * pp)
     sequence_parallel: bool = False  # GPU only; needs tensor_model_parallel_size > 1
     virtual_pipeline_model_parallel_size: int = 0  # 0: off; interleaved schedule, needs pp > 1
-    micro_batch_size: int = 1  # rows per forward/backward on each data-parallel rank
+    micro_batch_size: int = 0  # rows per forward/backward on each DP rank; 0: derived (docs/config.md)
     global_batch_size: int = 0  # rows per optimizer step; 0: algorithm.mini_batch_size or the rows per step
     distributed_optimizer: bool = (
         False  # megatron DDP + distributed optimizer: AdamW state sharded over DP ranks

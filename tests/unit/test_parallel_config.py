@@ -35,10 +35,44 @@ def _layout(cfg: NemoAzrConfig, world: int = 1, heads: int = 4, kv: int = 2, lay
 
 # --- good layouts: dp and micro-batches worked out by hand -----------------------------------------
 def test_default_layout_on_one_process():
-    # dp = 1 / (1 x 1) = 1; global batch = 64 rows; 64 / (1 x 1) = 64 micro-batches
+    # dp = 1 / (1 x 1) = 1; global batch = 64 rows; derived micro-batch: the largest divisor of 64 up
+    # to algorithm.micro_batch_size 32 = 32, so 64 / (32 x 1) = 2 micro-batches
     assert _layout(_cfg(), cuda=False) == ResolvedLayout(
-        tp=1, pp=1, dp=1, micro_batch_size=1, global_batch_size=64, num_micro_batches=64, backend="gloo"
+        tp=1, pp=1, dp=1, micro_batch_size=32, global_batch_size=64, num_micro_batches=2, backend="gloo"
     )
+
+
+@pytest.mark.parametrize(
+    "parallel,alg_micro,world,want",
+    [
+        ({}, 32, 3, 1),  # 64 rows do not split over dp 3: 1 (the batch check then fails)
+        ({}, 24, 2, 16),  # 32 rows per rank: divisors up to 24 -> 16
+        ({"pipeline_model_parallel_size": 2}, 32, 2, 32),  # 64 rows: 2 micro-batches of 32 >= pp 2
+        ({"pipeline_model_parallel_size": 2, "global_batch_size": 32}, 32, 2, 16),  # 32 alone: 1 < pp
+        ({"pipeline_model_parallel_size": 2}, 5, 2, 4),  # up to 5, dividing 64 -> 4
+        ({"global_batch_size": 48, "data_parallel_size": 0}, 32, 4, 12),  # 12 rows per rank
+    ],
+)
+def test_derived_micro_batch(parallel, alg_micro, world, want):
+    from nemo_azr.config.parallel_validate import _derived_micro_batch
+
+    cfg = _cfg(**parallel)
+    cfg.algorithm.micro_batch_size = alg_micro
+    dp = world // cfg.parallel.pipeline_model_parallel_size
+    assert _derived_micro_batch(cfg, dp, cfg.parallel.pipeline_model_parallel_size, interleaved=False) == want
+
+
+def test_derived_micro_batch_keeps_interleaved_micro_batches_a_multiple_of_pp():
+    from nemo_azr.config.parallel_validate import _derived_micro_batch
+
+    cfg = _cfg(pipeline_model_parallel_size=4, global_batch_size=24)
+    cfg.algorithm.micro_batch_size = 8
+    # 24 rows: 8 -> 3 micro-batches (not a multiple of 4); 6 -> 4 micro-batches
+    assert _derived_micro_batch(cfg, 1, 4, interleaved=False) == 6
+    assert _derived_micro_batch(cfg, 1, 4, interleaved=True) == 6
+    cfg.parallel.global_batch_size = 48  # 8 -> 6 micro-batches: enough, but not a multiple of 4
+    assert _derived_micro_batch(cfg, 1, 4, interleaved=False) == 8
+    assert _derived_micro_batch(cfg, 1, 4, interleaved=True) == 6
 
 
 def test_tp2_pp2_on_eight_processes_derives_dp2():
@@ -56,9 +90,12 @@ def test_explicit_dp_and_global_batch():
 
 def test_global_batch_follows_algorithm_mini_batch():
     cfg = _cfg()
-    cfg.algorithm.mini_batch_size = 16  # 16 rows per optimizer step; dp 4 -> 4 micro-batches of 1
+    cfg.algorithm.mini_batch_size = 16  # 16 rows per optimizer step; dp 4 -> 4 rows per rank
     got = _layout(cfg, world=4)
-    assert (got.dp, got.global_batch_size, got.num_micro_batches) == (4, 16, 4)
+    assert (got.dp, got.global_batch_size, got.micro_batch_size, got.num_micro_batches) == (4, 16, 4, 1)
+    cfg.parallel.micro_batch_size = 1  # explicit: 4 micro-batches of 1
+    got = _layout(cfg, world=4)
+    assert (got.dp, got.global_batch_size, got.micro_batch_size, got.num_micro_batches) == (4, 16, 1, 4)
 
 
 def test_selfplay_derives_one_micro_batch_per_rank():
@@ -159,13 +196,14 @@ BAD = [
     (  # 5 x 8 = 40 rows; global 10 divides them, but not micro 1 x dp 4
         _set(parallel__global_batch_size=10, data__prompts_per_step=5),
         {"world": 4},
-        "parallel.global_batch_size=10 must be divisible by parallel.micro_batch_size=1 x data parallel size 4",
+        "parallel.global_batch_size=10 must be divisible by parallel.micro_batch_size=1 (derived) x data "
+        "parallel size 4",
     ),
     (  # derived global batch: 64 rows over dp 3
         _set(),
         {"world": 3},
         "the rows per step (data.prompts_per_step x generation.n_samples = 64, the global batch) must be "
-        "divisible by parallel.micro_batch_size=1 x data parallel size 3",
+        "divisible by parallel.micro_batch_size=1 (derived) x data parallel size 3",
     ),
     (
         _set(parallel__global_batch_size=48),
@@ -198,7 +236,7 @@ BAD = [
     (_set(parallel__use_te="maybe"), {}, "parallel.use_te='maybe' is not one of: auto, true, false"),
     (_set(parallel__tensor_model_parallel_size=0), {}, "parallel.tensor_model_parallel_size=0 must be >= 1"),
     (_set(parallel__data_parallel_size=-1), {}, "parallel.data_parallel_size=-1 must be >= 0"),
-    (_set(parallel__micro_batch_size=0), {}, "parallel.micro_batch_size=0 must be >= 1"),
+    (_set(parallel__micro_batch_size=-1), {}, "parallel.micro_batch_size=-1 must be >= 0 (0 = derived)"),
 ]
 
 
@@ -234,9 +272,10 @@ def test_default_recipe_is_tp1pp1():
 
 def test_recipe_resolves_with_validate_parallel():
     cfg = load_config(["parallel=tp2pp2", "data.prompts_per_step=4", "generation.n_samples=4"])
-    # 8 processes / (2 x 2) = dp 2; 4 x 4 = 16 rows / (1 x 2) = 8 micro-batches
+    # 8 processes / (2 x 2) = dp 2; 4 x 4 = 16 rows, 8 per rank; derived micro-batch 4 (>= pp 2
+    # micro-batches per rank), so 16 / (4 x 2) = 2 micro-batches
     got = _layout(cfg, world=8, cuda=False)
-    assert (got.tp, got.pp, got.dp, got.global_batch_size, got.num_micro_batches) == (2, 2, 2, 16, 8)
+    assert (got.tp, got.pp, got.dp, got.global_batch_size, got.num_micro_batches) == (2, 2, 2, 16, 2)
 
 
 @pytest.mark.parametrize(
