@@ -223,11 +223,6 @@ def _check_device(p: ParallelConfig, *, cuda: bool, why: str) -> None:
     _require(
         p.backend != "nccl", f"parallel.backend=nccl needs CUDA ({why}); use parallel.backend=gloo or auto"
     )
-    # megatron/core/tensor_parallel/mappings.py:91 allocates the gathered sequence on torch.cuda.current_device()
-    _require(
-        not p.sequence_parallel,
-        f"parallel.sequence_parallel=true needs CUDA ({why}); set parallel.sequence_parallel=false",
-    )
     _require(
         _use_te(p) != "true",
         f"parallel.use_te=true needs CUDA ({why}); use parallel.use_te=auto or false",

@@ -50,7 +50,7 @@ class ParallelConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     data_parallel_size: int = 0  # 0: derived, world_size / (tp * pp)
-    sequence_parallel: bool = False  # GPU only; needs tensor_model_parallel_size > 1
+    sequence_parallel: bool = False  # split norm/residual activations over TP ranks; needs tp > 1
     virtual_pipeline_model_parallel_size: int = 0  # 0: off; interleaved schedule, needs pp > 1
     micro_batch_size: int = 0  # rows per forward/backward on each DP rank; 0: derived (docs/config.md)
     global_batch_size: int = 0  # rows per optimizer step; 0: algorithm.mini_batch_size or the rows per step

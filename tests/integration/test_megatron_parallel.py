@@ -101,9 +101,12 @@ def launch(world: int, scenarios: list[dict], out_dir: Path, torchrun: bool = Fa
     return by_name
 
 
-def scenario(setup, name: str, family: str, tp: int, pp: int, micro: int = 0, vpp: int = 0) -> dict:
+def scenario(
+    setup, name: str, family: str, tp: int, pp: int, micro: int = 0, vpp: int = 0, sp: bool = False
+) -> dict:
     return {
         "vpp": vpp,
+        "sequence_parallel": sp,
         "name": name,
         "model_dir": str(setup["models"][family]),
         "batch_file": setup["batch_file"],
@@ -122,6 +125,9 @@ def two_ranks(setup):
         scenario(setup, "pp2-qwen2", "qwen2", tp=1, pp=2, micro=1),  # untied output layer on stage 2
         scenario(setup, "dp2-llama", "llama", tp=1, pp=1),
         scenario(setup, "vpp2-llama4", "llama4", tp=1, pp=2, micro=2, vpp=2),  # interleaved schedule
+        # sequence parallel: 7 compacted columns, padded to 8 to split over the 2 TP ranks
+        scenario(setup, "tp2sp-llama", "llama", tp=2, pp=1, sp=True),
+        scenario(setup, "tp2sp-qwen2", "qwen2", tp=2, pp=1, sp=True),
     ]
     return launch(2, scenarios, setup["root"] / "two_ranks")
 
@@ -139,6 +145,13 @@ def test_tp2_matches_hf(two_ranks, setup, family):
     reports = two_ranks[f"tp2-{family}"]
     assert sorted(r["tp_rank"] for r in reports) == [0, 1]
     assert all(r["rows"] == [0, 1, 2, 3] for r in reports)
+    check_reports(reports, setup["refs"][family])
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_tp2_sequence_parallel_matches_hf(two_ranks, setup, family):
+    reports = two_ranks[f"tp2sp-{family}"]
+    assert sorted(r["tp_rank"] for r in reports) == [0, 1]
     check_reports(reports, setup["refs"][family])
 
 

@@ -32,6 +32,7 @@ TIMEOUT_S = 300
 SFT_STEPS = 40
 RUN = ["trainer.max_steps=4", "trainer.save_interval=2", "trainer.keep_last=0"]
 DISTOPT = "parallel.distributed_optimizer=true"
+SP = "parallel.sequence_parallel=true"
 #: The entropy bonus, with an Adam eps above float noise: the entropy term leaves some gradients near
 #: zero, and Adam's first step (~lr * sign(grad) at eps=1e-8) would turn their 1e-9 differences
 #: between the backends' reductions into 1e-5 weight differences.
@@ -42,6 +43,8 @@ STEP_VARIANTS = [
     ("tp1pp2", [], "pp2"),
     ("tp1pp1", [DISTOPT], "dp2_distopt"),
     ("tp1pp2", [DISTOPT], "pp2_distopt"),
+    ("tp2pp1", [SP], "tp2_sp"),  # norm-weight gradients summed over the TP ranks
+    ("tp2pp1", [SP, DISTOPT], "tp2_sp_distopt"),  # ... by megatron's finalize_model_grads
     ("tp2pp1", ENTROPY, "tp2_entropy"),  # vocab-parallel entropy bonus
     ("tp1pp2", ENTROPY, "pp2_entropy"),
 ]

@@ -127,6 +127,12 @@ def test_cuda_resolves_backend_and_allows_gpu_features():
     assert _layout(cfg, world=2, cuda=True).backend == "gloo"
 
 
+def test_sequence_parallel_and_distributed_optimizer_run_on_cpu():
+    # Both run over gloo with the CPU shims (tests/integration/test_megatron_*): not refused.
+    cfg = _cfg(tensor_model_parallel_size=2, sequence_parallel=True, distributed_optimizer=True)
+    assert _layout(cfg, world=4, cuda=False).backend == "gloo"
+
+
 def test_use_te_from_the_command_line_is_case_blind():
     # `parallel.use_te=False` reaches the str field as "False"
     assert _layout(_cfg(use_te="False"), cuda=False).use_te is False
@@ -219,13 +225,6 @@ BAD = [
         _set(parallel__sequence_parallel=True),
         {},
         "parallel.sequence_parallel=true needs parallel.tensor_model_parallel_size > 1 (got 1)",
-    ),
-    (
-        _set(
-            parallel__tensor_model_parallel_size=2, parallel__sequence_parallel=True, trainer__device="auto"
-        ),
-        {"world": 2, "cuda": False},
-        "parallel.sequence_parallel=true needs CUDA (no CUDA device)",
     ),
     (
         _set(parallel__backend="nccl", trainer__device="auto"),

@@ -9,6 +9,7 @@ spec is megatron-core's local one; TransformerEngine's only when it is importabl
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from typing import Any
 
@@ -167,12 +168,47 @@ def transformer_config_from_hf(hf_config: Any, layout: ParallelLayout, *, dtype:
     )
 
 
-def _layer_spec(use_te: bool):
+class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm for megatron's local layer spec under sequence parallelism.
+
+    megatron's ``WrappedTorchNorm`` refuses sequence parallelism because torch's norm weight lacks
+    the ``sequence_parallel`` mark that TE's and apex's norms carry: each TP rank then normalises
+    only its slice of the sequence, and the marked weight's partial gradients get summed over the
+    TP group (``finalize_model_grads`` / ``grads.all_reduce_sequence_parallel_grads``). Same
+    construction (and state-dict key) as ``WrappedTorchNorm``'s RMSNorm otherwise.
+    """
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_unused: Any) -> None:
+        super().__init__(normalized_shape=hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def _layer_spec(use_te: bool, config: Any, vp_stage: int | None):
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    if not config.sequence_parallel:
+        return spec
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
+
+    layer = dataclasses.replace(
+        spec,
+        submodules=dataclasses.replace(
+            spec.submodules,
+            input_layernorm=SequenceParallelRMSNorm,
+            pre_mlp_layernorm=SequenceParallelRMSNorm,
+        ),
+    )
+    # A block spec, so that the final norm is the sequence-parallel one too.
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * get_num_layers_to_build(config, vp_stage=vp_stage),
+        layer_norm=SequenceParallelRMSNorm,
+    )
 
 
 def build_gpt_model(
@@ -198,11 +234,6 @@ def build_gpt_model(
     if dtype != torch.float32 and not torch.cuda.is_available():
         raise ConfigError(f"dtype {dtype} needs CUDA; the megatron backend runs float32 on CPU")
     te = use_transformer_engine(use_te)
-    if layout.sequence_parallel and not te:
-        # megatron's local spec uses torch norms (WrappedTorchNorm), which reject sequence parallel
-        raise ConfigError(
-            "sequence_parallel needs the TransformerEngine layer spec (GPU with transformer_engine)"
-        )
     config = transformer_config_from_hf(hf_config, layout, dtype=dtype)
     if pre_process is None:
         pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
@@ -210,7 +241,7 @@ def build_gpt_model(
         post_process = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=_layer_spec(te),
+        transformer_layer_spec=_layer_spec(te, config, vp_stage),
         vocab_size=padded_vocab_size(hf_config.vocab_size, layout),
         max_sequence_length=hf_config.max_position_embeddings,
         pre_process=pre_process,
