@@ -69,6 +69,11 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         # "megatron" registers only where megatron-core is installed (its absence failed above).
         known = registry.names() + ([MEGATRON_BACKEND] if registry is POLICY_BACKENDS else [])
         _require(name in registry, f"{key}={name!r} is unknown; known: {', '.join(sorted(set(known)))}")
+    _require(
+        gen.backend != "megatron" or megatron,
+        "generation.backend=megatron samples from the megatron policy's own weights: it needs "
+        "model.backend=megatron (or use generation.backend=hf)",
+    )
     _one_of("algorithm.loss_agg_mode", alg.loss_agg_mode, AGG_MODES)
     _one_of("algorithm.kl.estimator", alg.kl.estimator, KL_ESTIMATORS)
     _one_of("algorithm.kl.mode", alg.kl.mode, KL_MODES)

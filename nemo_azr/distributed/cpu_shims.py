@@ -38,6 +38,8 @@ _REMAPPED_MODULES: dict[str, str] = {
     "inv_freq to torch.cuda.current_device()",
     "megatron.core.transformer.utils": "get_default_causal_mask / get_sliding_window_causal_mask "
     "build the mask on device='cuda'",
+    "megatron.core.transformer.attention": "Attention._allocate_memory puts the KV cache of megatron's "
+    "inference context (generation.backend=megatron) on torch.cuda.current_device()",
     "megatron.core.utils": "GlobalMemoryBuffer.get_tensor (attention-score buffer) allocates on "
     "torch.cuda.current_device()",
     "megatron.core.pipeline_parallel.schedules": "forward_backward_* allocate total_num_tokens on "

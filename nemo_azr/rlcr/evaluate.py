@@ -95,9 +95,10 @@ def run_eval(cfg: NemoAzrConfig) -> dict[str, Any]:
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, cfg.model.dtype))
     eval_cfg = _eval_config(cfg)
     workflow = WORKFLOWS.get(cfg.rollout.workflow)(task, tokenizer, eval_cfg)
-    backend = GENERATION_BACKENDS.get(cfg.generation.backend)(
-        model, tokenizer, max_batch_size=cfg.generation.max_batch_size
-    )
+    backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)
+    if getattr(backend_cls, "reads_policy_in_place", False):  # eval reads an HF export, not a policy
+        backend_cls = GENERATION_BACKENDS.get("hf")
+    backend = backend_cls(model, tokenizer, max_batch_size=cfg.generation.max_batch_size)
     sampling = sampling_from_config(eval_cfg.generation, greedy=ev.greedy)
 
     examples = list(task.examples)

@@ -354,12 +354,16 @@ class Trainer:
         cfg = self.cfg
         # A policy that trains something other than a transformers model (Megatron) provides an
         # HF-layout model for generation; the backend refits it from the policy every step.
-        generation_model = (
-            self.policy.generation_model() if hasattr(self.policy, "generation_model") else self.policy.model
-        )
-        self.backend = GENERATION_BACKENDS.get(cfg.generation.backend)(
-            generation_model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size
-        )
+        backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)
+        if getattr(backend_cls, "reads_policy_in_place", False):  # megatron: the training weights
+            source = self.policy
+        else:
+            source = (
+                self.policy.generation_model()
+                if hasattr(self.policy, "generation_model")
+                else self.policy.model
+            )
+        self.backend = backend_cls(source, self.tokenizer, max_batch_size=cfg.generation.max_batch_size)
         self.backend.version = self.state.policy_version
 
     # --- the loop --------------------------------------------------------------------------------

@@ -185,6 +185,7 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
         "overrides": [*overrides(tiny_cache, out, "model.backend=megatron", f"model.path={warm_model}")],
         "steps": {name: [f"parallel={layout}", *extra] for layout, extra, name in STEP_VARIANTS},
         "run_c": ["trainer.max_steps=2", "trainer.save_interval=1", "trainer.keep_last=0"],
+        "run_e": ["trainer.max_steps=2", "trainer.save_interval=0"],
         "run": RUN,
         "run_a_extra": ["trainer.async_save=true"],  # run_b resumes from a background-written checkpoint
         "reshard_layouts": ["tp1pp1", "tp1pp2", "tp2pp1"],
@@ -364,3 +365,106 @@ def test_sft_warmup_with_the_distributed_optimizer_matches_torch_adamw(warm_mode
     assert got_losses == pytest.approx(want_losses, abs=ATOL) and want_losses[0] != want_losses[-1]
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, atol=ATOL, rtol=0, msg=key)
+
+
+# --- generation.backend=megatron: megatron's inference path on the training weights -----------------
+def _prompts(trainer: Trainer, count: int) -> list[list[int]]:
+    from nemo_azr.rollout.single_turn import encode_prompt
+
+    examples = list(trainer.task.examples)[:count]
+    return [encode_prompt(trainer.tokenizer, trainer.task.messages(ex)) for ex in examples]
+
+
+def _generate(backend, prompts: list[list[int]], sampling, seed: int = 0):
+    from nemo_azr.rollout.base import GenerationRequest
+
+    torch.manual_seed(seed)
+    outputs = backend.generate([GenerationRequest(prompt_ids=p) for p in prompts], sampling)
+    return [s for out in outputs for s in out.samples]
+
+
+def assert_same_samples(got, want) -> None:
+    assert [s.token_ids for s in got] == [s.token_ids for s in want]
+    assert [s.finish_reason for s in got] == [s.finish_reason for s in want]
+    for a, b in zip(got, want):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=ATOL)
+
+
+@pytest.fixture(scope="module")
+def generation_pair(warm_model, tiny_cache, tmp_path_factory):
+    """A megatron trainer whose generation backend is megatron's, and an hf backend on its weights."""
+    from nemo_azr.rollout.hf_backend import HFGenerationBackend
+
+    out = tmp_path_factory.mktemp("gen")
+    cfg = load_config(
+        overrides(
+            tiny_cache,
+            out,
+            "model.backend=megatron",
+            "generation.backend=megatron",
+            f"model.path={warm_model}",
+        )
+    )
+    trainer = Trainer(cfg)
+    trainer.setup_generation()
+    return trainer, HFGenerationBackend(trainer.policy.generation_model(), trainer.tokenizer)
+
+
+def test_megatron_generation_matches_hf_backend(generation_pair):
+    """Greedy decoding of prompts of different lengths (megatron's static batching: right padding,
+    prompt tokens kept until each row's prompt ends), and sampling with the same random stream."""
+    from nemo_azr.rollout.base import SamplingParams
+
+    trainer, hf = generation_pair
+    base = _prompts(trainer, 4)
+    prompts = [base[0], base[1][3:], base[2][:-2], base[3] + base[3][-3:]]  # four different lengths
+    assert len({len(p) for p in prompts}) == 4
+    greedy = SamplingParams(n=2, max_new_tokens=8, greedy=True)
+    got = _generate(trainer.backend, prompts, greedy)
+    assert_same_samples(got, _generate(hf, prompts, greedy))
+    assert any(s.finish_reason == "eos" for s in got)
+    short = SamplingParams(max_new_tokens=1, greedy=True)  # every row stops at the length limit
+    got = _generate(trainer.backend, prompts, short)
+    assert {s.finish_reason for s in got} == {"length"}
+    assert_same_samples(got, _generate(hf, prompts, short))
+    # Equal-length prompts draw the same uniforms per step as the hf backend: same samples.
+    sampled = SamplingParams(n=4, temperature=0.8, top_k=20, max_new_tokens=8)
+    assert_same_samples(_generate(trainer.backend, base, sampled, 3), _generate(hf, base, sampled, 3))
+
+
+def test_megatron_generation_reads_the_training_weights_in_place(generation_pair):
+    from nemo_azr.rollout.base import SamplingParams
+    from nemo_azr.rollout.hf_backend import HFGenerationBackend
+
+    trainer, _ = generation_pair
+    prompts = _prompts(trainer, 2)
+    greedy = SamplingParams(max_new_tokens=4, greedy=True)
+    before = _generate(trainer.backend, prompts, greedy)
+    with torch.no_grad():  # an in-place update of the training parameters, no sync_weights call
+        for p in trainer.policy.model.parameters():
+            p.mul_(1.05)
+    after = _generate(trainer.backend, prompts, greedy)
+    assert after[0].logprobs[0] != pytest.approx(before[0].logprobs[0], abs=1e-4)
+    fresh = HFGenerationBackend(trainer.policy.generation_model(), trainer.tokenizer)
+    assert_same_samples(after, _generate(fresh, prompts, greedy))
+
+
+def test_megatron_generation_needs_the_megatron_policy(tiny_cache, tmp_path, capsys):
+    from tests.cli_errors import cli_error
+
+    message = cli_error(capsys, f"model.tiny.cache_dir={tiny_cache}", "generation.backend=megatron")
+    assert message == (
+        "nemo-azr: error: generation.backend=megatron samples from the megatron policy's own weights: it needs "
+        "model.backend=megatron (or use generation.backend=hf)"
+    )
+
+
+def test_tp2_run_generating_with_megatron_follows_the_hf_backend(layouts_run, hf_run):
+    """At TP=2 both ranks decode with megatron's inference path from their own shards and draw the
+    same samples as the hf backend (equal-length prompts, same random stream); no refit copy."""
+    run_e = read_metrics(layouts_run / "run_e" / "metrics.jsonl")
+    assert [r["step"] for r in run_e] == [0, 1]
+    for a, b in zip(hf_run, run_e):
+        assert b["reward/mean"] == a["reward/mean"] and b["batch/tokens"] == a["batch/tokens"], a["step"]
+        assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]
+        assert b["timing/refit_s"] < 0.01  # the version bump only

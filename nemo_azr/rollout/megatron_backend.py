@@ -1,0 +1,159 @@
+"""``megatron`` generation backend: samples with megatron-core's inference path from the training weights.
+
+The megatron policy's own model chunk runs the decode, wrapped in megatron-core's
+``GPTInferenceWrapper`` with a ``StaticInferenceContext`` (its KV cache): no HF copy, no refit, so
+``sync_weights`` only bumps the version. Decoding follows megatron's static batching: prompts are
+right-padded, the loop starts at the shortest prompt, and a row whose prompt is longer keeps its
+prompt token at each column until its prompt ends (megatron's RoPE uses positions 0..S-1, so each
+row's real tokens must start at column 0). Sampling, stop rules and sampled-token log-probs (under
+the temperature-scaled policy) are the ``hf`` backend's helpers, so both backends give the same
+tokens for the same logits and random stream.
+
+Tensor parallelism: every TP rank runs the same loop on the all-gathered logits with the same random
+stream (the trainer seeds every rank alike), so all ranks sample the same tokens. Pipeline
+parallelism is refused (the last stage's logits would have to be broadcast each token).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nemo_azr.errors import ConfigError
+from nemo_azr.registry import GENERATION_BACKENDS
+from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.rollout.hf_backend import _sample
+
+__all__ = ["MegatronGenerationBackend"]
+
+
+@GENERATION_BACKENDS.register("megatron")
+class MegatronGenerationBackend:
+    """Reads the policy's live weights; built by the trainer from the policy itself."""
+
+    #: The trainer passes the policy (not an HF model copy) to the constructor.
+    reads_policy_in_place = True
+
+    def __init__(self, policy, tokenizer, *, max_batch_size: int = 0) -> None:
+        from megatron.core import parallel_state as ps
+
+        if not hasattr(policy, "chunks"):
+            raise ConfigError("generation.backend=megatron needs model.backend=megatron")
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            raise ConfigError(
+                "generation.backend=megatron does not support pipeline parallelism yet; use "
+                "generation.backend=hf (refit) with parallel.pipeline_model_parallel_size > 1"
+            )
+        self.policy = policy
+        self.model = policy.chunks[0]
+        self.vocab_size = policy.hf_config.vocab_size
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.max_batch_size = max_batch_size
+        self.version = 0
+
+    # --- capabilities ---------------------------------------------------------------------------
+    def sync_weights(self, policy) -> None:
+        """Nothing to copy: the next ``generate`` reads the policy's current parameters."""
+        self.version += 1
+
+    def release(self) -> None:
+        """The KV cache lives only inside one ``generate`` call."""
+
+    def flush_cache(self) -> None:
+        """The KV cache lives only inside one ``generate`` call."""
+
+    # --- generation -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        flat = [r for r in requests for _ in range(sampling.n)]
+        step = self.max_batch_size or len(flat)
+        samples: list[Sample] = []
+        was_training = self.model.training
+        try:
+            for start in range(0, len(flat), step):
+                chunk = [r.prompt_ids for r in flat[start : start + step]]
+                samples.extend(self._generate_chunk(chunk, sampling))
+        finally:
+            self.model.train(was_training)  # the wrapper switches the training model to eval
+        return [
+            GenerationOutput(
+                request=req,
+                samples=samples[i * sampling.n : (i + 1) * sampling.n],
+                policy_version=self.version,
+            )
+            for i, req in enumerate(requests)
+        ]
+
+    def _wrapper(self, batch: int, length: int):
+        from megatron.core.inference.contexts import StaticInferenceContext
+        from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import (
+            GPTInferenceWrapper,
+        )
+        from megatron.core.inference.model_inference_wrappers.inference_wrapper_config import (
+            InferenceWrapperConfig,
+        )
+
+        config = InferenceWrapperConfig(
+            hidden_size=self.model.config.hidden_size,
+            params_dtype=self.model.config.params_dtype,
+            inference_batch_times_seqlen_threshold=-1,
+            padded_vocab_size=self.model.padded_vocab_size,
+            inference_max_requests=batch,
+            inference_max_seq_length=length,
+        )
+        wrapper = GPTInferenceWrapper(self.model, config, StaticInferenceContext(batch, length))
+        wrapper.prep_model_for_inference()
+        return wrapper
+
+    def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
+        device = next(self.model.parameters()).device
+        b = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts], device=device)
+        length = int(lens.max()) + sp.max_new_tokens
+        tokens = torch.full((b, length), self.pad_id, dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):  # right padding: every row's real tokens start at column 0
+            tokens[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+        wrapper = self._wrapper(b, length)
+        inputs = wrapper.prep_inference_input(tokens)
+
+        out_tokens = torch.full((b, sp.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
+        logps = torch.zeros((b, sp.max_new_tokens), dtype=torch.float32, device=device)
+        done = torch.zeros(b, dtype=torch.bool, device=device)
+        reason = ["length"] * b
+        lengths = [sp.max_new_tokens] * b
+        prev = 0
+        for cur in range(int(lens.min()), length):
+            window = wrapper.get_batch_for_context_window(inputs, prev, cur)
+            logits = wrapper.run_one_forward_step(window)[:, -1, : self.vocab_size].float()
+            prev = cur
+            tok, logp = _sample(logits, sp)
+            step = cur - lens  # this column's index among each row's generated tokens
+            live = (step >= 0) & ~done
+            tokens[:, cur] = torch.where(live, tok, tokens[:, cur])
+            for i in live.nonzero(as_tuple=True)[0].tolist():
+                t = int(step[i])
+                out_tokens[i, t], logps[i, t] = tok[i], logp[i]
+                if int(tok[i]) == self.eos_id:
+                    reason[i], lengths[i] = "eos", t + 1
+                    done[i] = True
+                elif sp.stop_strings and any(
+                    s in self.tokenizer.decode(out_tokens[i, : t + 1].tolist(), skip_special_tokens=True)
+                    for s in sp.stop_strings
+                ):
+                    reason[i], lengths[i] = "stop", t + 1
+                    done[i] = True
+                elif t + 1 == sp.max_new_tokens:
+                    done[i] = True
+            if bool(done.all()):
+                break
+
+        samples = []
+        for i in range(b):
+            n = lengths[i]
+            ids = out_tokens[i, :n].tolist()
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            samples.append(
+                Sample(token_ids=ids, logprobs=logps[i, :n].tolist(), text=text, finish_reason=reason[i])
+            )
+        return samples
