@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The megatron backend's GPU checks in one command, for a GPU machine without network access:
+#   tests/gpu (nccl, bf16, TE spec when importable, GRPO steps incl. the distributed optimizer and
+#   generation.backend=megatron) and benchmarks/megatron_tokens_per_s.py (~0.5B model, bf16).
+# Needs python3 with CUDA torch + transformers, and .gpu_wheels/ from scripts/gpu_wheels.sh for the
+# rest. Results and logs go to $OUT (default: ./gpu_out). Keeps going when a step fails; exit 1 then.
+#   device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu_wheels"])
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/gpu_out}"
+mkdir -p "$OUT"
+status=0
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
+  for mod in transformers megatron.core transformer_engine triton; do
+    python3 -c "import $mod; print('$mod', getattr($mod, '__version__', 'present'))" 2>/dev/null || echo "$mod missing"
+  done
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# A venv over the image's packages (torch, transformers); the carried wheels fill the gaps.
+python3 -m venv --system-site-packages /tmp/nemo_azr_gpu_env
+. /tmp/nemo_azr_gpu_env/bin/activate
+if [ -d .gpu_wheels ]; then
+  pip install --quiet --no-index --find-links .gpu_wheels --no-deps .gpu_wheels/* >> "$OUT/install.log" 2>&1 \
+    || { echo "wheel install failed (see install.log)"; status=1; }
+fi
+pip install --quiet --no-index --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 \
+  || { echo "package install failed (see install.log)"; status=1; }
+
+timeout 240 python -m pytest -q tests/gpu -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
+  > "$OUT/gpu_tests.log" 2>&1 || status=1
+tail -n 15 "$OUT/gpu_tests.log"
+
+timeout 300 python benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
+tail -n 15 "$OUT/benchmark.log"
+exit $status
