@@ -74,6 +74,18 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         "generation.backend=megatron samples from the megatron policy's own weights: it needs "
         "model.backend=megatron (or use generation.backend=hf)",
     )
+    if gen.backend == "megatron":
+        _require(
+            not cfg.parallel.sequence_parallel,
+            "generation.backend=megatron does not support parallel.sequence_parallel=true (megatron's "
+            "static batching decodes one token at a time, which cannot split over the TP ranks); use "
+            "generation.backend=hf",
+        )
+        _require(
+            not cfg.parallel.virtual_pipeline_model_parallel_size,
+            "generation.backend=megatron does not support virtual pipeline stages yet; use "
+            "generation.backend=hf with parallel.virtual_pipeline_model_parallel_size > 0",
+        )
     _one_of("algorithm.loss_agg_mode", alg.loss_agg_mode, AGG_MODES)
     _one_of("algorithm.kl.estimator", alg.kl.estimator, KL_ESTIMATORS)
     _one_of("algorithm.kl.mode", alg.kl.mode, KL_MODES)

@@ -38,6 +38,10 @@ _REMAPPED_MODULES: dict[str, str] = {
     "inv_freq to torch.cuda.current_device()",
     "megatron.core.transformer.utils": "get_default_causal_mask / get_sliding_window_causal_mask "
     "build the mask on device='cuda'",
+    "megatron.core.inference.communication_utils": "send_to_next_pipeline_rank / "
+    "recv_from_prev_pipeline_rank_ (generation.backend=megatron with pp > 1) call torch.cuda.synchronize()",
+    "megatron.core.inference.model_inference_wrappers.abstract_model_inference_wrapper": "_allocate_recv_buffer "
+    "allocates the pipeline receive buffer on torch.cuda.current_device()",
     "megatron.core.transformer.attention": "Attention._allocate_memory puts the KV cache of megatron's "
     "inference context (generation.backend=megatron) on torch.cuda.current_device()",
     "megatron.core.utils": "GlobalMemoryBuffer.get_tensor (attention-score buffer) allocates on "
@@ -133,6 +137,10 @@ def _tensor_methods(**methods: Callable[..., Any]) -> Iterator[None]:
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)
+
+
+def _not_none(tensor: torch.Tensor | None) -> None:
+    assert tensor is not None
 
 
 def _cuda_identity(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -266,5 +274,9 @@ def apply_cpu_shims() -> None:
     # DistributedOptimizer.get_parameter_state_dp_zero (the reshardable checkpoint of
     # parallel.distributed_optimizer) moves each shard to the GPU with `.cuda()` before gathering it.
     _during(distrib_optimizer.DistributedOptimizer, "get_parameter_state_dp_zero", cuda=_cuda_identity)
+    # inference.communication_utils._is_cuda asserts that pipeline send/receive tensors are on CUDA.
+    from megatron.core.inference import communication_utils
+
+    communication_utils._is_cuda = _not_none
     moptimizer.clip_grad_by_total_norm_fp32 = clip_grads.clip_grad_by_total_norm_fp32
     _APPLIED = True

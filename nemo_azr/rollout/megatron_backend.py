@@ -11,7 +11,9 @@ tokens for the same logits and random stream.
 
 Tensor parallelism: every TP rank runs the same loop on the all-gathered logits with the same random
 stream (the trainer seeds every rank alike), so all ranks sample the same tokens. Pipeline
-parallelism is refused (the last stage's logits would have to be broadcast each token).
+parallelism: megatron's wrapper passes activations stage to stage; the last stage's last-token
+logits are broadcast to the other stages, which then sample the same tokens. Not with virtual
+pipeline stages or sequence parallelism (one-line ConfigError).
 """
 
 from __future__ import annotations
@@ -38,13 +40,11 @@ class MegatronGenerationBackend:
 
         if not hasattr(policy, "chunks"):
             raise ConfigError("generation.backend=megatron needs model.backend=megatron")
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            raise ConfigError(
-                "generation.backend=megatron does not support pipeline parallelism yet; use "
-                "generation.backend=hf (refit) with parallel.pipeline_model_parallel_size > 1"
-            )
+        # Sequence parallelism and virtual pipeline stages are refused at start (config/validate.py).
+        self.pipelined = ps.get_pipeline_model_parallel_world_size() > 1
         self.policy = policy
         self.model = policy.chunks[0]
+        self.device = next(self.model.parameters()).device
         self.vocab_size = policy.hf_config.vocab_size
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -106,6 +106,23 @@ class MegatronGenerationBackend:
         wrapper.prep_model_for_inference()
         return wrapper
 
+    def _last_logits(self, logits: torch.Tensor | None, rows: int) -> torch.Tensor:
+        """float32 ``[rows, V]`` logits of the window's last position, on every pipeline stage."""
+        if not self.pipelined:
+            return logits[:, -1, : self.vocab_size].float()
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        # Only the last stage has logits: broadcast them (real vocabulary only) to the other stages.
+        if ps.is_pipeline_last_stage(ignore_virtual=True):
+            last = logits[:, -1, : self.vocab_size].float().contiguous()
+        else:
+            last = torch.empty((rows, self.vocab_size), dtype=torch.float32, device=self.device)
+        dist.broadcast(
+            last, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+        )
+        return last
+
     def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
         b = len(prompts)
@@ -125,7 +142,7 @@ class MegatronGenerationBackend:
         prev = 0
         for cur in range(int(lens.min()), length):
             window = wrapper.get_batch_for_context_window(inputs, prev, cur)
-            logits = wrapper.run_one_forward_step(window)[:, -1, : self.vocab_size].float()
+            logits = self._last_logits(wrapper.run_one_forward_step(window), b)
             prev = cur
             tok, logp = _sample(logits, sp)
             step = cur - lens  # this column's index among each row's generated tokens

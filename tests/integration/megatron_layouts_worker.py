@@ -9,7 +9,8 @@ Scenarios, in one launch (megatron's groups are re-created for each layout):
    background, ``trainer.async_save``); ``run_b``: the same run resumed from run A's ``step_2``.
 3. ``run_c``: 2 steps at data parallel 2 with the distributed optimizer, a checkpoint every step;
    ``run_d``: the same run resumed from run C's ``step_1`` at ``tp2pp1`` (data parallel 1).
-4. ``run_e``: 2 steps at ``tp2pp1`` generating with ``generation.backend=megatron``.
+4. ``run_e`` / ``run_f``: 2 steps at ``tp2pp1`` / ``tp1pp2`` generating with
+   ``generation.backend=megatron``.
 5. ``reshard``: run A's ``step_4`` checkpoint loaded at ``tp1pp1`` (dp 2), ``tp1pp2`` and ``tp2pp1``;
    rank 0 saves the log-probs of a fixed batch.
 
@@ -74,11 +75,15 @@ def main(out: str, spec_file: str) -> None:
         *spec["run_c"],
     ).fit()
 
-    # generation.backend=megatron at TP=2: both ranks sample from their shards (megatron's inference).
-    run_e = out_dir / "run_e"
-    _trainer(
-        spec, "parallel=tp2pp1", "generation.backend=megatron", f"trainer.output_dir={run_e}", *spec["run_e"]
-    ).fit()
+    # generation.backend=megatron at TP=2 and PP=2: the ranks decode with megatron's inference path.
+    for name, layout in (("run_e", "tp2pp1"), ("run_f", "tp1pp2")):
+        _trainer(
+            spec,
+            f"parallel={layout}",
+            "generation.backend=megatron",
+            f"trainer.output_dir={out_dir / name}",
+            *spec["run_e"],
+        ).fit()
 
     batch = Batch(tensors=torch.load(spec["batch_file"]))
     for layout in spec["reshard_layouts"]:

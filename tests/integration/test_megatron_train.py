@@ -457,14 +457,23 @@ def test_megatron_generation_needs_the_megatron_policy(tiny_cache, tmp_path, cap
         "nemo-azr: error: generation.backend=megatron samples from the megatron policy's own weights: it needs "
         "model.backend=megatron (or use generation.backend=hf)"
     )
+    megatron = [f"model.tiny.cache_dir={tiny_cache}", "model.backend=megatron", "generation.backend=megatron"]
+    message = cli_error(capsys, *megatron, "parallel=tp2pp1", "parallel.sequence_parallel=true")
+    assert "generation.backend=megatron does not support parallel.sequence_parallel=true" in message
+    message = cli_error(
+        capsys, *megatron, "parallel=tp1pp2", "parallel.virtual_pipeline_model_parallel_size=2"
+    )
+    assert "generation.backend=megatron does not support virtual pipeline stages yet" in message
 
 
-def test_tp2_run_generating_with_megatron_follows_the_hf_backend(layouts_run, hf_run):
-    """At TP=2 both ranks decode with megatron's inference path from their own shards and draw the
-    same samples as the hf backend (equal-length prompts, same random stream); no refit copy."""
-    run_e = read_metrics(layouts_run / "run_e" / "metrics.jsonl")
-    assert [r["step"] for r in run_e] == [0, 1]
-    for a, b in zip(hf_run, run_e):
+@pytest.mark.parametrize("run", ["run_e", "run_f"], ids=["tp2", "pp2"])
+def test_parallel_run_generating_with_megatron_follows_the_hf_backend(run, layouts_run, hf_run):
+    """At TP=2 both ranks decode with megatron's inference path from their own shards; at PP=2 the
+    activations pass stage to stage and the last stage's logits are broadcast. Both draw the hf
+    backend's samples (equal-length prompts, same random stream), with no refit copy."""
+    records = read_metrics(layouts_run / run / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1]
+    for a, b in zip(hf_run, records):
         assert b["reward/mean"] == a["reward/mean"] and b["batch/tokens"] == a["batch/tokens"], a["step"]
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]
         assert b["timing/refit_s"] < 0.01  # the version bump only
