@@ -1,5 +1,6 @@
-"""Megatron-core policy model: a ``GPTModel`` equivalent to a HF Llama / Qwen2, its HF weight adapter
-and vocab-parallel token log-probs. Needs megatron-core (``pip install -e '.[megatron]'``)."""
+"""Megatron-core policy model: a ``GPTModel`` equivalent to a HF Llama / Qwen2, its HF weight adapter,
+vocab-parallel token log-probs, the TP/PP/DP policy (optionally with megatron's distributed
+optimizer) and resharding checkpoints. Needs megatron-core (``pip install -e '.[megatron]'``)."""
 
 from nemo_azr.models.megatron.builder import (
     build_gpt_model,

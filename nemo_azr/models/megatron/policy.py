@@ -5,17 +5,21 @@ is ``policy_objective`` on the log-probs of :func:`megatron_token_logprobs`, wit
 normalisers, micro-batch accumulation, AdamW + LR schedule and grad clipping (over the whole model:
 the norm sums each tensor/pipeline shard once).
 
-Every rank runs the same rollout with its own HF generation copy (``generation_model`` /
-``export_hf_state_dict``), so the whole batch is on every rank and no data is broadcast. Each
+Every rank runs the same rollout, with its own HF generation copy (``generation_model`` /
+``export_hf_state_dict``) or, with ``generation.backend=megatron``, from its own shards in place, so
+the whole batch is on every rank and no data is broadcast. Each
 mini-batch's rows are then split over the data-parallel ranks (strided, so each gets a similar mix);
 the losses keep the mini-batch's global normalisers, so summing the gradients over the
 data-parallel group (one all-reduce) gives exactly the one-process gradient. With pipeline
 parallelism a rank's rows go through megatron's schedule (1F1B / interleaved) in
 ``parallel.micro_batch_size``-row micro-batches; the last stage computes the loss.
 
+With ``parallel.distributed_optimizer`` the chunks are wrapped in megatron's DDP and stepped by its
+``DistributedOptimizer`` (``distributed_optimizer.py``): gradients land in DDP's buffers and are
+reduce-scattered, each data-parallel rank steps its slice of the AdamW state.
+
 Checkpoints: ``dist/`` (megatron ``dist_checkpointing``, torch_dist: model and optimizer state with
 their sharding, so they load at another TP/PP/DP layout) and ``model/`` (the HF export, rank 0).
-
 """
 
 from __future__ import annotations
