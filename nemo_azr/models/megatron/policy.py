@@ -85,7 +85,6 @@ def megatron_source(path: Path) -> tuple[Path, Path | None]:
 #: ``loss_fn(micro, logprobs, entropy)`` of :meth:`MegatronPolicy.backward_rows`: a micro-batch of the
 #: contract, its differentiable log-probs ``[b, T]`` (loss-masked) and, when asked for, the entropies
 #: in the same columns (else None) -> (scalar loss, metrics).
-#: and its differentiable log-probs ``[b, T]`` (loss-masked) -> (scalar loss, metrics).
 MicroLossFn = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, dict[str, float]]]
 
 
