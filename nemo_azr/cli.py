@@ -51,14 +51,26 @@ def _make_tiny_model(overrides: list[str]) -> int:
 
 def _eval(overrides: list[str]) -> int:
     from nemo_azr.config.loader import load_config
-    from nemo_azr.rlcr.evaluate import run_eval
+    from nemo_azr.evaluate import run_eval
 
     result = run_eval(load_config(overrides))
+    keys = (
+        "accuracy",
+        "answer_accuracy",
+        "ece",
+        "brier",
+        "auroc",
+        "mean_confidence",
+        "generated_tokens_per_s",
+    )
     summary = ", ".join(
         f"{k}={result[k]:.4g}" if isinstance(result[k], float) else f"{k}={result[k]}"
-        for k in ("answer_accuracy", "ece", "brier", "auroc", "mean_confidence")
+        for k in keys
+        if k in result
     )
-    print(f"eval of {result['checkpoint']}: {summary}; written to {result['output_dir']}")
+    print(
+        f"eval of {result['checkpoint']} on {result['num_prompts']} prompts: {summary}; written to {result['output_dir']}"
+    )
     return 0
 
 
@@ -104,14 +116,52 @@ def _convert(args: list[str]) -> int:
     return 0
 
 
+def _import_model(args: list[str]) -> int:
+    from pathlib import Path
+
+    from nemo_azr.errors import ConfigError
+    from nemo_azr.models.importer import DTYPES, PRESETS, import_model
+
+    parser = argparse.ArgumentParser(
+        prog="nemo-azr import-model",
+        description="Import a GGUF file, an HF model folder or a named preset as a plain HF safetensors "
+        "folder (+ tokenizer) the trainer reads with model.path=<folder or preset>.",
+        epilog="presets: " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()),
+    )
+    parser.add_argument("source", help=f"a preset ({', '.join(PRESETS)}), a .gguf file or an HF folder")
+    parser.add_argument("--out", type=Path, help="output folder (default for a preset: the model cache)")
+    parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="weights as saved (default float32)"
+    )
+    parser.add_argument("--force", action="store_true", help="re-import over an existing import")
+    try:
+        opts = parser.parse_args(args)
+    except SystemExit as exc:  # argparse printed its usage line; keep the CLI's exit status
+        if exc.code:
+            raise ConfigError("import-model: bad arguments (see usage above)") from None
+        return 0
+    folder = import_model(
+        opts.source, opts.out, dtype=opts.dtype, force=opts.force, progress=lambda m: print(m, flush=True)
+    )
+    print(folder)
+    return 0
+
+
 COMMANDS = {
     "train": (_train, "run RL training (default: tiny model, arithmetic, CPU)"),
-    "eval": (_eval, "RLCR calibration of a checkpoint: metrics.json + reliability diagram"),
+    "eval": (
+        _eval,
+        "score a checkpoint on the held-out split (greedy): accuracy; RLCR also ECE/Brier/AUROC + reliability diagram",
+    ),
     "plot-selfplay": (
         _plot_selfplay,
         "plot learnable ratio and proposer reward of a self-play run (<output_dir>/selfplay.png)",
     ),
     "convert": (_convert, "HF <-> megatron checkpoints: convert {hf-to-megatron,megatron-to-hf} SRC OUT"),
+    "import-model": (
+        _import_model,
+        "GGUF / HF folder / preset (smollm2-135m) -> HF safetensors folder: import-model SRC [--out DIR]",
+    ),
     "show-config": (_show_config, "print the composed, validated config"),
     "make-tiny-model": (
         _make_tiny_model,
@@ -120,7 +170,13 @@ COMMANDS = {
 }
 
 
+OWN_FLAGS = ("import-model",)  # commands with --flags of their own instead of Hydra overrides
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in OWN_FLAGS:  # its own parser (argparse would take `--help` for the top level)
+        return _run(COMMANDS[argv[0]][0], argv[1:])
     parser = argparse.ArgumentParser(
         prog="nemo-azr",
         description="RL trainer for LLMs. Arguments after the command are Hydra overrides, "
@@ -131,9 +187,12 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
     args = parser.parse_args(argv)
-    fn = COMMANDS[args.command][0]
+    return _run(COMMANDS[args.command][0], args.overrides)
+
+
+def _run(fn, args: list[str]) -> int:
     try:
-        return fn(args.overrides)
+        return fn(args)
     except NemoAzrError as exc:
         print(f"nemo-azr: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

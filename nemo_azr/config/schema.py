@@ -129,16 +129,34 @@ class ArithmeticTaskConfig:
     max_operand: int = 9
     operations: list[str] = field(default_factory=lambda: ["+"])
     num_problems: int = 0  # 0: every (a, op, b) combination in range
+    nonnegative: bool = False  # drop subtractions with a negative result (a - b with a < b)
+    question_template: str = "What is {a} {op} {b}?"  # the user message; {a}, {op}, {b} are filled in
+
+
+@dataclass
+class SyntheticQAConfig:
+    """``data.task=synthetic_qa``: locally generated questions with checkable answers."""
+
+    num_examples: int = 2000
+    kinds: list[str] = field(default_factory=lambda: ["table_lookup", "table_max", "word_add", "word_sub"])
+    seed: int = 0
 
 
 @dataclass
 class DataConfig:
-    task: str = "arithmetic"  # registry TASKS: arithmetic | jsonl
+    task: str = "arithmetic"  # registry TASKS: arithmetic | jsonl | synthetic_qa
     path: str = ""  # JSONL file for task=jsonl (fields: question, answer)
     prompts_per_step: int = 8
     shuffle: bool = True
-    system_prompt: str = ""
+    system_prompt: str = ""  # "" -> the chat template's own default system prompt, if it has one
+    # Example exchanges placed between the system prompt and the question, rendered by the chat
+    # template: [{role: user, content: ...}, {role: assistant, content: ...}, ...]. A small instruct
+    # model follows a shown output format far more reliably than a described one.
+    demonstrations: list[dict[str, str]] = field(default_factory=list)
+    eval_size: int = 0  # examples held out for `nemo-azr eval` (never trained on); 0: eval on all
+    split_seed: int = 0  # which examples are held out
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    synthetic_qa: SyntheticQAConfig = field(default_factory=SyntheticQAConfig)
 
 
 @dataclass
@@ -181,6 +199,8 @@ class LoggerConfig:
     console: bool = True  # progress bar + a metrics line every console_interval steps
     console_interval: int = 10
     jsonl: bool = True  # <output_dir>/metrics.jsonl
+    samples_per_step: int = 4  # prompt/response/reward rows per step to <output_dir>/samples.jsonl; 0: off
+    console_samples: bool = False  # also print them every console_interval steps
     tensorboard: bool = False
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -201,6 +221,9 @@ class RLCRConfig:
         "How sure are you that your answer is right? "
         "Reply <analysis>...</analysis><confidence>p</confidence> with p in [0, 1]."
     )
+    # The output-format instruction added to the system prompt of the answer turn (two-turn) or of
+    # the single turn: "auto" states the tags of the mode (rlcr/common.py), "" adds nothing.
+    format_prompt: str = "auto"
     answer_max_new_tokens: int = 0  # turn-1 length limit; 0 -> generation.max_new_tokens
     confidence_max_new_tokens: int = 0  # turn-2 length limit; 0 -> generation.max_new_tokens
     answer_match: str = "auto"  # auto | math | qa
@@ -214,16 +237,16 @@ class RLCRConfig:
 
 @dataclass
 class EvalConfig:
-    """``nemo-azr eval``: calibration of an RLCR policy (no training)."""
+    """``nemo-azr eval``: score a checkpoint on the held-out split (no training)."""
 
     checkpoint: str = "auto"  # auto: newest in trainer.output_dir | model: model.path | a folder
     output_dir: str = ""  # "" -> <trainer.output_dir>/eval
-    num_examples: int = 0  # prompts evaluated (seeded subset); 0 = all of the task
-    answers_per_prompt: int = 4  # G_a (two-turn) or samples per prompt (single-turn)
-    confidences_per_answer: int = 1  # G_c (two-turn)
+    num_examples: int = 0  # prompts evaluated (seeded subset of the held-out split); 0 = all of it
+    answers_per_prompt: int = 4  # sampling only: G_a (two-turn) or samples per prompt
+    confidences_per_answer: int = 1  # sampling only: G_c (two-turn)
     prompts_per_batch: int = 64  # prompts per rollout call
     n_bins: int = 10  # equal-width ECE / reliability bins
-    greedy: bool = False  # argmax decoding instead of sampling at generation.temperature
+    greedy: bool = True  # argmax decoding, one answer (+ one confidence) per prompt; false: sample
 
 
 @dataclass

@@ -107,6 +107,15 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         )
 
     _require(cfg.data.prompts_per_step >= 1, "data.prompts_per_step must be >= 1")
+    _require(
+        cfg.data.eval_size >= 0,
+        f"data.eval_size must be >= 0 (0 = no held-out split), got {cfg.data.eval_size}",
+    )
+    _validate_demonstrations(cfg.data.demonstrations)
+    if cfg.data.task in GENERATED_TASKS and not cfg.absolute_zero.enabled:
+        from nemo_azr.tasks import build_task
+
+        build_task(cfg.data)  # generated in memory, cheap: its config errors surface here (show-config too)
     if cfg.data.task == "jsonl":
         _require(bool(cfg.data.path), "data.task=jsonl needs data.path=/path/to/file.jsonl")
         _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path!r}: no such file")
@@ -184,6 +193,33 @@ def _rows_per_step(cfg: NemoAzrConfig) -> tuple[int, str]:
     return (
         cfg.data.prompts_per_step * cfg.generation.n_samples,
         "data.prompts_per_step x generation.n_samples",
+    )
+
+
+DEMONSTRATION_ROLES = ("user", "assistant")
+GENERATED_TASKS = ("arithmetic", "synthetic_qa")  # built from the config alone (no files to read)
+
+
+def _validate_demonstrations(demos: list) -> None:
+    """Alternating user/assistant messages, starting with user and ending with assistant."""
+    for i, message in enumerate(demos):
+        expected = DEMONSTRATION_ROLES[i % 2]
+        _require(
+            isinstance(message, dict) and set(message) == {"role", "content"},
+            f"data.demonstrations[{i}] must be {{role: ..., content: ...}}, got {message!r}",
+        )
+        _require(
+            message["role"] == expected,
+            f"data.demonstrations[{i}].role is {message['role']!r}, expected {expected!r} "
+            "(exchanges alternate user, assistant)",
+        )
+        _require(
+            isinstance(message["content"], str) and bool(message["content"].strip()),
+            f"data.demonstrations[{i}].content must be a non-empty string",
+        )
+    _require(
+        len(demos) % 2 == 0,
+        "data.demonstrations must end with an assistant message (the demonstrated answer)",
     )
 
 

@@ -32,6 +32,7 @@ from transformers import (
 
 from nemo_azr.config.schema import TinyModelConfig
 from nemo_azr.errors import ConfigError
+from nemo_azr.models.importer import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, PRESETS, ensure_preset
 from nemo_azr.models.tokenizer_build import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -44,8 +45,6 @@ from nemo_azr.models.tokenizer_build import (
 __all__ = ["ensure_tiny_model", "load_tokenizer", "resolve_model_path", "tiny_model_dir"]
 
 TINY_MODEL_PATH = "tiny"  # the model.path value that selects the built-in model
-CACHE_ENV_VAR = "NEMO_AZR_CACHE"
-DEFAULT_CACHE_ROOT = Path("~/.cache/nemo_azr")
 # Bump when the tokenizer corpus or the build recipe changes, so stale caches are not reused.
 BUILD_VERSION = 1
 HASH_CHARS = 12
@@ -182,10 +181,13 @@ def _build(cfg: TinyModelConfig, folder: Path) -> None:
 
 
 def resolve_model_path(path: str, tiny: TinyModelConfig) -> Path:
-    """``"tiny"`` -> the built-in tiny model (built if needed); otherwise a local HF model folder or
+    """``"tiny"`` -> the built-in tiny model (built if needed); a preset name (``smollm2-135m``) -> its
+    imported folder (imported if needed); otherwise a local HF model folder or
     a megatron checkpoint folder (``dist/`` + ``model/``: a trainer checkpoint or ``nemo-azr convert``)."""
     if path == TINY_MODEL_PATH:
         return ensure_tiny_model(tiny)
+    if path in PRESETS:  # a named real model (nemo-azr import-model), imported on first use
+        return ensure_preset(path)
     folder = Path(path).expanduser()
     if (folder / "dist").is_dir() and (folder / "model" / "config.json").is_file():
         return folder.resolve()  # a megatron checkpoint (model.backend=megatron reads dist/)

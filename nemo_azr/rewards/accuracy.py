@@ -1,7 +1,9 @@
 """Accuracy rewards: math equivalence (math-verify) and SQuAD-style normalized exact match.
 
 Both take the gold answer and the model's response text and return 1.0 or 0.0. They never raise:
-a reward that crashes on one garbage sample would stop a whole training step.
+a reward that crashes on one garbage sample would stop a whole training step. The answer is read
+only from where the response states it (:mod:`nemo_azr.rewards.answer_extraction`): never from
+the whole text, so echoing the question or listing candidates does not score.
 
 math-verify guards parsing and comparison with ``signal.alarm``, which only works in the main
 thread. Off the main thread those alarms are disabled; the guards that always apply (a length cap,
@@ -20,15 +22,16 @@ import sympy
 from math_verify import parse, verify
 
 from nemo_azr.registry import REWARD_FUNCTIONS
+from nemo_azr.rewards.answer_extraction import as_fraction, extract_final_answer, is_numeric
 
 MAX_ANSWER_CHARS = 10_000  # longer answer text is never a short final answer; parsing it is slow
+MAX_RESPONSE_CHARS = 200_000  # regex scans of longer responses are not worth it: scored 0
 MAX_EXPONENT = 1_000  # |exponent| above this (or a power tower) could take forever to compare
 MAX_COMBINATORIAL_ARG = 1_000  # factorial(10**6) etc.
 MAX_EXPRESSION_NODES = 2_000
 SIGNAL_TIMEOUT_S = 5  # math-verify's own alarm, used in the main thread only
 VERIFY_CACHE_SIZE = 65_536  # (gold, answer) pairs; a few MB at most
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
 _COMBINATORIAL = (sympy.factorial, sympy.factorial2, sympy.subfactorial, sympy.binomial, sympy.gamma)
@@ -45,10 +48,11 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
 
 
-def extract_answer(response: str) -> str:
-    """The content of the last complete ``<answer>...</answer>`` tag, else the whole response."""
-    matches = _ANSWER_TAG.findall(response)
-    return matches[-1].strip() if matches else response.strip()
+def extract_answer(response: str, gold: str | None = None) -> str | None:
+    """The response's final answer as :func:`answer_matches` compares it with ``gold``: for a numeric
+    gold the last number of the stated answer (or of the text), else the stated answer; or None."""
+    numeric = gold is not None and is_numeric(str(gold))
+    return extract_final_answer(str(response), numeric=numeric)
 
 
 def _is_tame(expr: object) -> bool:
@@ -69,6 +73,16 @@ def _is_tame(expr: object) -> bool:
     return True
 
 
+def _parse_math(text: str, timeout: int | None) -> list:
+    """math-verify's parse; a bare LaTeX string ("\\frac{\\pi}{2}", or a span taken out of its
+    ``\\boxed{}``) only parses inside math delimiters, so that is tried second for LaTeX-looking
+    text (plain words in delimiters would parse as products of symbols)."""
+    parsed = parse(text, parsing_timeout=timeout)
+    if not parsed and "\\" in text:
+        parsed = parse(f"${text}$", parsing_timeout=timeout)
+    return parsed
+
+
 @functools.lru_cache(maxsize=VERIFY_CACHE_SIZE)
 def _math_verify(gold: str, answer: str) -> float | None:
     """1.0/0.0 from math-verify, or None when the gold answer is not parseable as math.
@@ -78,32 +92,54 @@ def _math_verify(gold: str, answer: str) -> float | None:
     """
     in_main_thread = threading.current_thread() is threading.main_thread()
     timeout = SIGNAL_TIMEOUT_S if in_main_thread else None
-    gold_parsed = parse(gold, parsing_timeout=timeout)
+    gold_parsed = _parse_math(gold, timeout)
     if not gold_parsed:
         return None
-    answer_parsed = parse(answer, parsing_timeout=timeout)
+    answer_parsed = _parse_math(answer, timeout)
     if not answer_parsed or not all(_is_tame(x) for x in (*gold_parsed, *answer_parsed)):
         return 0.0
     return 1.0 if verify(gold_parsed, answer_parsed, timeout_seconds=timeout) else 0.0
 
 
-@REWARD_FUNCTIONS.register("math_verify")
-def accuracy_reward(gold: str, response: str) -> float:
-    """1.0 if the response's answer is mathematically equal to ``gold`` (math-verify), else 0.0.
+def answer_matches(gold: str, answer: str) -> float:
+    """1.0 if an extracted ``answer`` equals ``gold``, else 0.0 (never raises).
 
-    An ``<answer>...</answer>`` wrapper is stripped first. A gold answer that is not math at all
-    (e.g. a word) falls back to :func:`normalized_exact_match`. Never raises.
+    A numeric gold is compared exactly with the answer's last number literal ("42.0", "84/2" and
+    "42" all equal 42; "17 + 25" reads as 25). Other golds go to math-verify on the answer when the
+    gold parses as math, else to :func:`normalized_exact_match`.
     """
     try:
-        answer = extract_answer(str(response))
+        gold, answer = str(gold), str(answer).strip()
         if not answer or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
-        result = _math_verify(str(gold), answer)
-        return normalized_exact_match(gold, answer) if result is None else result
+        if is_numeric(gold):
+            number = extract_final_answer(answer, numeric=True)
+            value = as_fraction(number) if number is not None else None
+            return 1.0 if value is not None and value == as_fraction(gold) else 0.0
+        result = _math_verify(gold, answer)
+        return _exact_match(gold, answer) if result is None else result
     except BaseException as exc:  # math-verify's TimeoutException derives from BaseException
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
         return 0.0
+
+
+@REWARD_FUNCTIONS.register("math_verify")
+def accuracy_reward(gold: str, response: str) -> float:
+    """1.0 if the response's final answer equals ``gold``, else 0.0. Never raises.
+
+    The answer is the last ``<answer>`` tag, else the last ``\\boxed{}``, else the last "the answer is"
+    phrase; for a numeric gold, the last number of that (or of the whole response when it states none
+    of them). A response that states no answer is only compared whole, by normalised exact match
+    (a short-answer reply "Paris." for "Paris"), which an echo of the question cannot pass.
+    """
+    response, gold = str(response), str(gold)
+    if len(response) > MAX_RESPONSE_CHARS:
+        return 0.0
+    answer = extract_answer(response, gold)
+    if answer is None:
+        return _exact_match(gold, response)
+    return answer_matches(gold, answer)
 
 
 def normalize_text(text: str) -> str:
@@ -114,10 +150,18 @@ def normalize_text(text: str) -> str:
 
 @REWARD_FUNCTIONS.register("exact_match")
 def normalized_exact_match(gold: str, response: str) -> float:
-    """1.0 if gold and the response's answer agree after :func:`normalize_text`, else 0.0."""
+    """1.0 if gold and the response's stated answer agree after :func:`normalize_text`, else 0.0.
+
+    The stated answer is the tag / boxed / "answer is" span; a response without one is compared whole
+    (short-answer QA replies are often just the answer)."""
     try:
-        answer = extract_answer(str(response))
-        normalized = normalize_text(answer)
-        return 1.0 if normalized and normalized == normalize_text(str(gold)) else 0.0
+        response = str(response)
+        answer = extract_final_answer(response, numeric=False)
+        return _exact_match(str(gold), response if answer is None else answer)
     except Exception:
         return 0.0
+
+
+def _exact_match(gold: str, answer: str) -> float:
+    normalized = normalize_text(answer)
+    return 1.0 if normalized and normalized == normalize_text(gold) else 0.0

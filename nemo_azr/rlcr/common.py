@@ -27,6 +27,26 @@ CONF_HIST_BINS = 5
 _SENTINEL = "\x00RLCR_ANSWER\x00"
 
 
+#: ``rlcr.format_prompt=auto``: the exact output format, stated to the model (two-turn: turn 1 only;
+#: the confidence request ``rlcr.confidence_prompt`` states turn 2's format).
+ANSWER_TURN_FORMAT = (
+    "Reason inside <think></think>, then write only the final answer inside <answer></answer>."
+)
+SINGLE_TURN_FORMAT = (
+    "Reason inside <think></think>, write only the final answer inside <answer></answer>, then judge "
+    "how likely your answer is right inside <analysis></analysis> and give that probability, a number "
+    "from 0 to 1, inside <confidence></confidence>."
+)
+AUTO_FORMAT = "auto"
+
+
+def format_instruction(settings: RLCRConfig, *, single_turn: bool) -> str:
+    """The output-format instruction for the answer turn (or the single turn)."""
+    if settings.format_prompt != AUTO_FORMAT:
+        return settings.format_prompt
+    return SINGLE_TURN_FORMAT if single_turn else ANSWER_TURN_FORMAT
+
+
 def rlcr_settings(cfg: Any) -> RLCRConfig:
     """``cfg.rlcr`` of a full config, or the defaults (workflows may be built without a config)."""
     settings = getattr(cfg, "rlcr", None)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from math_verify import parse
 
-from nemo_azr.rewards.accuracy import accuracy_reward, normalize_text
+from nemo_azr.rewards.accuracy import answer_matches, normalize_text
 from nemo_azr.rlcr.parsing import extract_answer_tag, parse_confidence, single_turn_format_ok
 
 ANSWER_MATCH_MODES = ("auto", "math", "qa")
@@ -70,7 +70,8 @@ def answer_accuracy(
     """Seed 003's ``acc_reward``: 1.0 if ``verify(gold, answer)`` else 0.0.
 
     The answer is the content of the last ``<answer>`` tag; a response without one scores 0
-    (decision: the tag is part of the task). ``answer_match``: ``auto`` uses math-verify when the
+    (decision: the tag is part of the task); for a numeric gold the tag's last number is compared
+    (``<answer>17 + 25</answer>`` is not 42). ``answer_match``: ``auto`` uses math-verify when the
     gold parses as math and the QA rule otherwise (short-answer QA such as HotpotQA); ``math``
     always uses math-verify (with its own exact-match fallback); ``qa`` always uses the QA rule:
     normalised exact match (``qa_match=exact``) or token F1 >= ``f1_threshold`` (``qa_match=f1``).
@@ -80,7 +81,7 @@ def answer_accuracy(
         return 0.0
     gold = str(gold)
     if answer_match == "math" or (answer_match == "auto" and _gold_is_math(gold)):
-        return accuracy_reward(gold, answer)
+        return answer_matches(gold, answer)
     return _qa_match(gold, answer, qa_match, f1_threshold)
 
 

@@ -21,6 +21,7 @@ from nemo_azr.rlcr.common import (
     HAS_CONFIDENCE,
     RowBuffer,
     calibration_step_metrics,
+    format_instruction,
     pad_id,
     rlcr_settings,
     spread_fraction,
@@ -40,6 +41,7 @@ class SingleTurnRLCRWorkflow:
         self.task = task
         self.tokenizer = tokenizer
         self.settings = rlcr_settings(cfg)
+        self.instruction = format_instruction(self.settings, single_turn=True)
         generation = getattr(cfg, "generation", None)
         self.rows_per_prompt = generation.n_samples if generation is not None else 1
         self._warmup_rng = random.Random(getattr(cfg, "seed", 0) + WARMUP_SEED_SALT)
@@ -48,7 +50,9 @@ class SingleTurnRLCRWorkflow:
         self, examples: Sequence[Example], backend: GenerationBackend, sampling: SamplingParams, *, step: int
     ) -> Batch:
         s, tok = self.settings, self.tokenizer
-        prompt_ids = [encode_prompt(tok, self.task.messages(ex)) for ex in examples]
+        prompt_ids = [
+            encode_prompt(tok, self.task.messages(ex, instruction=self.instruction)) for ex in examples
+        ]
         requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompt_ids)]
         outputs = backend.generate(requests, sampling)
 
@@ -108,7 +112,7 @@ class SingleTurnRLCRWorkflow:
         tok, rng = self.tokenizer, self._warmup_rng
         pairs = []
         for ex in examples:
-            prompt = encode_prompt(tok, self.task.messages(ex))
+            prompt = encode_prompt(tok, self.task.messages(ex, instruction=self.instruction))
             text = answer_target(ex, rng, wrong_frac=self.settings.warmup_wrong_frac, pool=self.task.examples)
             text += confidence_target(rng)
             pairs.append((prompt, tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]))

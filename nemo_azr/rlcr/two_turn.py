@@ -28,6 +28,7 @@ from nemo_azr.rlcr.common import (
     RowBuffer,
     calibration_step_metrics,
     continue_conversation,
+    format_instruction,
     pad_id,
     rlcr_settings,
     spread_fraction,
@@ -50,6 +51,7 @@ class TwoTurnRLCRWorkflow:
         self.task = task
         self.tokenizer = tokenizer
         self.settings = rlcr_settings(cfg)
+        self.instruction = format_instruction(self.settings, single_turn=False)
         self.suffix_ids = turn_suffix_ids(tokenizer, self.settings.confidence_prompt)
         seed = getattr(cfg, "seed", 0)
         self._warmup_rng = random.Random(seed + WARMUP_SEED_SALT)
@@ -75,7 +77,9 @@ class TwoTurnRLCRWorkflow:
     ) -> Batch:
         s, tok = self.settings, self.tokenizer
         # --- turn 1: G_a answers per prompt ----------------------------------------------------
-        prompt_ids = [encode_prompt(tok, self.task.messages(ex)) for ex in examples]
+        prompt_ids = [
+            encode_prompt(tok, self.task.messages(ex, instruction=self.instruction)) for ex in examples
+        ]
         answer_sampling = dataclasses.replace(
             sampling,
             n=s.num_generations_answer,
@@ -184,7 +188,7 @@ class TwoTurnRLCRWorkflow:
         tok, rng = self.tokenizer, self._warmup_rng
         pairs = []
         for ex in examples:
-            prompt = encode_prompt(tok, self.task.messages(ex))
+            prompt = encode_prompt(tok, self.task.messages(ex, instruction=self.instruction))
             answer = _target_ids(
                 tok,
                 answer_target(ex, rng, wrong_frac=self.settings.warmup_wrong_frac, pool=self.task.examples),

@@ -8,6 +8,7 @@ sampled token under the temperature-scaled policy; ``generate(output_logits=True
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 
@@ -70,6 +71,10 @@ class HFGenerationBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_batch_size = max_batch_size
         self.version = 0
+        # transformers >= 5.x names the KV cache `cache` (in and out); earlier ones `past_key_values`
+        decoder = getattr(self.model, self.model.base_model_prefix)
+        params = inspect.signature(decoder.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     # --- capabilities ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -93,7 +98,7 @@ class HFGenerationBackend:
         """The KV cache lives only inside one ``generate`` call."""
 
     # --- generation -----------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         flat = [r for r in requests for _ in range(sampling.n)]
         step = self.max_batch_size or len(flat)
@@ -115,10 +120,10 @@ class HFGenerationBackend:
         """
         decoder = getattr(self.model, self.model.base_model_prefix)
         out = decoder(
-            input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=past, use_cache=True
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, **{self._cache_kw: past}
         )
         last = out.last_hidden_state[:, -1].contiguous()
-        return self.model.get_output_embeddings()(last).float(), out.past_key_values
+        return self.model.get_output_embeddings()(last).float(), getattr(out, self._cache_kw)
 
     def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device

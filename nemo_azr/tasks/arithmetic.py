@@ -38,6 +38,8 @@ class ArithmeticTask(Task):
             )
         operands = range(arith.min_operand, arith.max_operand + 1)
         problems = list(itertools.product(operands, operations, operands))
+        if arith.nonnegative:
+            problems = [(a, op, b) for a, op, b in problems if OPERATIONS[op](a, b) >= 0]
         if arith.num_problems < 0 or arith.num_problems > len(problems):
             raise ConfigError(
                 f"data.arithmetic.num_problems must be in [0, {len(problems)}] (0 = all), "
@@ -46,7 +48,8 @@ class ArithmeticTask(Task):
         if arith.num_problems:
             keep = sorted(random.Random(seed).sample(range(len(problems)), arith.num_problems))
             problems = [problems[i] for i in keep]
-        self.examples = [_example(a, op, b) for a, op, b in problems]
+        template = _validate_template(arith.question_template)
+        self.examples = [_example(a, op, b, template) for a, op, b in problems]
 
     def reward(self, example: Example, response_text: str) -> float:
         return accuracy_reward(example.answer, response_text)
@@ -61,11 +64,26 @@ def _validate_operations(operations: list[str]) -> list[str]:
     return list(dict.fromkeys(operations))  # drop duplicates, keep order
 
 
-def _example(a: int, op: str, b: int) -> Example:
+def _validate_template(template: str) -> str:
+    try:
+        template.format(a=1, op="+", b=2)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ConfigError(
+            f"data.arithmetic.question_template={template!r} is not a format string over {{a}}, {{op}}, {{b}} "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    if not all(f"{{{name}}}" in template for name in ("a", "op", "b")):
+        raise ConfigError(
+            f"data.arithmetic.question_template={template!r} must contain {{a}}, {{op}} and {{b}}"
+        )
+    return template
+
+
+def _example(a: int, op: str, b: int, template: str) -> Example:
     result = OPERATIONS[op](a, b)
     return Example(
         prompt_id=f"arith-{a}{op}{b}",
-        question=f"What is {a} {op} {b}?",
+        question=template.format(a=a, op=op, b=b),
         answer=str(result),
         meta={"a": a, "op": op, "b": b},
     )

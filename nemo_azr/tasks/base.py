@@ -28,11 +28,12 @@ class Task(ABC):
         self.cfg = cfg
         self.examples: list[Example] = []
 
-    def messages(self, example: Example) -> list[dict[str, str]]:
-        """Chat messages for the prompt: the optional system prompt, then the user's question."""
-        messages = []
-        if self.cfg.system_prompt:
-            messages.append({"role": "system", "content": self.cfg.system_prompt})
+    def messages(self, example: Example, *, instruction: str = "") -> list[dict[str, str]]:
+        """Chat messages for the prompt: the system prompt joined with a workflow's output-format
+        ``instruction`` (when either is set), the demonstrations, then the user's question."""
+        system = "\n".join(part for part in (self.cfg.system_prompt, instruction) if part)
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.extend({"role": m["role"], "content": m["content"]} for m in self.cfg.demonstrations)
         messages.append({"role": "user", "content": example.question})
         return messages
 

@@ -16,9 +16,11 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from nemo_azr.config.schema import LoggerConfig
+from nemo_azr.trainer.samples import SAMPLES_FILE, format_samples
 
 CONSOLE_KEYS = ("reward/mean", "actor/pg_loss", "actor/grad_norm", "response/length_mean", "timing/step_s")
 METRICS_FILE = "metrics.jsonl"
+WANDB_SAMPLE_COLUMNS = ("step", "prompt", "response", "reward")
 
 
 def _jsonable(v: Any) -> Any:
@@ -42,8 +44,11 @@ class MetricsLogger:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.output_dir / METRICS_FILE
+        self.samples_path = self.output_dir / SAMPLES_FILE
         if cfg.jsonl:
-            self._truncate_after(start_step)
+            truncate_jsonl(self.jsonl_path, start_step)
+        if cfg.samples_per_step:
+            truncate_jsonl(self.samples_path, start_step)
         self._bar = None
         if cfg.console:
             self._bar = tqdm(
@@ -62,19 +67,6 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
-
-    def _truncate_after(self, step: int) -> None:
-        """On resume, drop lines of steps after the checkpoint (they will be logged again)."""
-        if not self.jsonl_path.exists():
-            return
-        keep = []
-        for line in self.jsonl_path.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", -1) < step:
-                    keep.append(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line from a crash
-        self.jsonl_path.write_text("".join(x + "\n" for x in keep))
 
     def _init_wandb(self, run_config: dict, run_name: str):
         import wandb
@@ -118,6 +110,25 @@ class MetricsLogger:
                 line = "  ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
                 self._bar.write(f"step {step + 1}: {line}", file=sys.stderr)
 
+    def log_samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        """A step's sample texts: JSONL always, the console and W&B at the console interval."""
+        if not records:
+            return
+        with open(self.samples_path, "a") as fh:
+            for record in records:
+                fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, ensure_ascii=False) + "\n")
+        if (step + 1) % self.cfg.console_interval:
+            return
+        if self.cfg.console_samples:
+            self.message(f"step {step + 1} samples:\n{format_samples(records)}")
+        if self._wandb is not None:
+            import wandb
+
+            rows = [[r.get(c) for c in WANDB_SAMPLE_COLUMNS] for r in records]
+            self._wandb.log(
+                {"samples": wandb.Table(columns=list(WANDB_SAMPLE_COLUMNS), data=rows)}, step=step
+            )
+
     def message(self, text: str) -> None:
         if self._bar is not None:
             self._bar.write(text, file=sys.stderr)
@@ -131,6 +142,21 @@ class MetricsLogger:
             self._wandb.finish()
         if self._tb is not None:
             self._tb.close()
+
+
+def truncate_jsonl(path: Path, step: int) -> None:
+    """On resume, drop the records of steps at or after ``step`` (they will be logged again); a
+    torn last line from a crash goes too."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", -1) < step:
+                keep.append(line)
+        except json.JSONDecodeError:
+            continue
+    path.write_text("".join(x + "\n" for x in keep))
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -35,6 +35,7 @@ from nemo_azr.trainer.checkpoint import Checkpointer, checkpoint_step, resolve_r
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.preemption import PreemptionFlag
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
+from nemo_azr.trainer.samples import select_samples
 from nemo_azr.trainer.seeding import rng_state, seed_everything, set_rng_state, step_seed
 from nemo_azr.trainer.sft import run_sft_warmup
 
@@ -69,6 +70,9 @@ class _NullLogger:
     """The metrics logger of ranks > 0 (every rank computes the same metrics; rank 0 writes them)."""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        pass
+
+    def log_samples(self, step: int, records: list) -> None:
         pass
 
     def message(self, msg: str) -> None:
@@ -130,6 +134,7 @@ class Trainer:
         self.sampling = sampling_from_config(cfg.generation)
         self.norm_length = cfg.algorithm.norm_length or cfg.generation.max_new_tokens
         self.preemption = PreemptionFlag()
+        self.last_samples: list[dict] = []  # the last step's sample texts (logger.samples_per_step)
 
     def _optimizer_steps_total(self) -> int:
         alg = self.cfg.algorithm
@@ -221,6 +226,7 @@ class Trainer:
         seed_everything(step_seed(cfg.seed, step))
         metrics: dict[str, float] = {}
         t_start = time.perf_counter()
+        self.last_samples = []
 
         examples = self.loader.next_batch()
         batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
@@ -276,6 +282,7 @@ class Trainer:
         t_refit = time.perf_counter()
         self.state.policy_version = self.backend.version
         self.state.samples_seen += len(batch)
+        self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
         self.state.consecutive_skips = 0
         metrics.update(self._batch_metrics(batch))
         metrics.update(
@@ -412,6 +419,7 @@ class Trainer:
                 self.state.step = step + 1
                 self.finalize_checkpoints(blocking=False)  # publish a finished background save
                 logger.log(step, last)
+                logger.log_samples(step, self.last_samples)
                 _check_finite(last, step)
                 interval = cfg.trainer.save_interval
                 if (interval and self.state.step % interval == 0) or self.preemption.requested:

@@ -82,12 +82,34 @@ def test_eval_without_checkpoint_is_a_clear_error(tiny_cache, tmp_path, capsys):
     assert err.startswith("nemo-azr: error: eval.checkpoint=auto: no complete checkpoint") and "\n" not in err
 
 
-def test_eval_needs_an_rlcr_workflow(tiny_cache, tmp_path, capsys):
+def test_eval_scores_accuracy_of_a_single_turn_run_on_the_held_out_split(tiny_cache, tmp_path, capsys):
     args = [
         "eval",
         f"model.tiny.cache_dir={tiny_cache}",
         f"trainer.output_dir={tmp_path}",
         "eval.checkpoint=model",
+        "data.eval_size=6",
+    ]
+    assert main(args) == 0
+    assert "accuracy=" in capsys.readouterr().out
+    metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert metrics["num_prompts"] == metrics["num_responses"] == 6 and metrics["greedy"] is True
+    samples = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 6
+    # accuracy is the mean of the task's own reward of each written response
+    from nemo_azr.rewards.accuracy import accuracy_reward
+
+    assert metrics["accuracy"] == pytest.approx(sum(accuracy_reward(s["gold"], s["response"]) for s in samples) / 6)
+
+
+def test_eval_of_self_play_is_a_clear_error(tiny_cache, tmp_path, capsys):
+    args = [
+        "eval",
+        "experiment=azr_code",
+        f"model.tiny.cache_dir={tiny_cache}",
+        f"trainer.output_dir={tmp_path}",
+        "eval.checkpoint=model",
     ]
     assert main(args) == 2
-    assert "measures RLCR calibration" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "scores single-turn and RLCR workflows" in err and "plot-selfplay" in err

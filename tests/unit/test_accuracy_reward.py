@@ -66,9 +66,68 @@ def test_works_from_a_worker_thread() -> None:
 
 def test_extract_answer() -> None:
     assert extract_answer("a <answer> 1 </answer> b <answer>2</answer>") == "2"
-    assert extract_answer("no tags here ") == "no tags here"
-    assert extract_answer("<answer>unterminated") == "<answer>unterminated"
+    assert extract_answer("no tags here ") is None  # never the whole text
+    assert extract_answer("<answer>unterminated") is None
     assert extract_answer("<answer>multi\nline</answer>") == "multi\nline"
+    assert extract_answer("so \\boxed{\\frac{1}{2}} done") == "\\frac{1}{2}"
+    assert extract_answer("The answer is Paris. It is big.") == "Paris"
+    # numeric gold: the last number of the stated answer, or of the whole text
+    assert extract_answer("17 + 25 = 42, I think", "42") == "42"
+    assert extract_answer("The answer is 43 - 75 = -32.", "-32") == "-32"
+    assert extract_answer("no digits", "3") is None
+
+
+# Responses a real chat model writes (or a policy learns to write) to "What is 17 + 25?" (gold 42),
+# scored as a person would score them.
+ADVERSARIAL = [
+    ("17 + 25 is a sum of two numbers.", 0.0),  # echo of the question: math-verify alone says 17+25 == 42
+    ("What is 17 + 25?", 0.0),
+    ("17 + 25", 0.0),
+    ("<answer>17 + 25</answer>", 0.0),  # an unevaluated expression is not an answer
+    ("\\boxed{17+25}", 0.0),
+    ("41, 42, 43", 0.0),  # listing candidates: the last one is the answer
+    ("<answer>41 or 42 or 43</answer>", 0.0),
+    ("<answer>42</answer><answer>43</answer>", 0.0),
+    ("The answer is 42 or maybe 43.", 0.0),
+    ("17 + 25 = 42. Also, 2 + 2 = 4", 0.0),  # answer, then more text with numbers: the last number counts
+    ("The answer is 42. Also, 2 + 2 = 4", 1.0),  # ... unless the answer is stated
+    ("17 + 25 = 42.", 1.0),
+    ("To add 17 and 25, we combine them: 17 + 25 = 42.\n\nSo the sum is 42.", 1.0),
+    ("<think>17 + 25 = 43? no</think><answer>42</answer>", 1.0),
+    ("\\boxed{42}", 1.0),
+    ("Answer: 42", 1.0),
+    ("42.0", 1.0),
+    ("The result is 42 apples.", 1.0),
+    ("4,2", 0.0),  # not a thousands separator
+    ("-42", 0.0),
+    ("It is 24.", 0.0),
+    ("", 0.0),
+]
+
+
+@pytest.mark.parametrize(("response", "expected"), ADVERSARIAL)
+def test_a_model_cannot_game_the_arithmetic_reward(response: str, expected: float) -> None:
+    assert accuracy_reward("42", response) == expected
+
+
+@pytest.mark.parametrize(
+    ("gold", "response", "expected"),
+    [
+        ("-32", "43 - 75 = -32", 1.0),
+        ("32", "75-43=32", 1.0),
+        ("32", "the result is 75-43", 0.0),  # binary minus: reads as 43, not -43
+        ("1234", "That makes 1,234 in all.", 1.0),
+        ("0.75", "\\boxed{\\frac{3}{4}}", 1.0),
+        ("3/4", "It is 0.75", 1.0),
+        ("-7", "The answer is \u22127.", 1.0),  # unicode minus
+        ("\\frac{\\pi}{2}", "so \\boxed{\\pi/2}", 1.0),  # non-numeric math gold: math-verify on the span
+        ("\\frac{\\pi}{2}", "pi/2 is not it, it is \\frac{\\pi}{2} maybe", 0.0),  # no stated answer
+        ("Paris", "Paris.", 1.0),  # a whole short reply is compared by exact match
+        ("Paris", "The capital is Paris, I think", 0.0),
+    ],
+)
+def test_answer_forms(gold: str, response: str, expected: float) -> None:
+    assert accuracy_reward(gold, response) == expected
 
 
 @pytest.mark.parametrize(
@@ -80,6 +139,7 @@ def test_extract_answer() -> None:
         ("Paris", "London", 0.0),
         ("a", "the", 0.0),  # nothing left after normalization is never a match
         ("8", "<answer>8</answer>", 1.0),
+        ("Paris", "The answer is Paris.", 1.0),
     ],
 )
 def test_normalized_exact_match(gold: str, response: str, expected: float) -> None:

@@ -72,6 +72,88 @@ def test_arithmetic_messages_reference_and_reward() -> None:
     ]
 
 
+def test_arithmetic_question_template_and_nonnegative() -> None:
+    task = ArithmeticTask(
+        _arith(min_operand=10, max_operand=12, operations=["+", "-"], nonnegative=True,
+               question_template="Compute {a} {op} {b}. Reply with just the number.")
+    )  # fmt: skip
+    by_id = {e.prompt_id: e for e in task.examples}
+    # 9 additions + the 6 subtractions with a >= b (10-10, 11-10, 11-11, 12-10, 12-11, 12-12)
+    assert len(task.examples) == 9 + 6 and "arith-10-11" not in by_id
+    assert all(int(e.answer) >= 0 for e in task.examples)
+    assert by_id["arith-12-10"].question == "Compute 12 - 10. Reply with just the number."
+    assert by_id["arith-12-10"].answer == "2"
+
+
+def test_messages_with_system_prompt_instruction_and_demonstrations() -> None:
+    demos = [{"role": "user", "content": "What is 1 + 1?"}, {"role": "assistant", "content": "2"}]
+    task = ArithmeticTask(_arith(max_operand=5))
+    task.cfg = DataConfig(system_prompt="Be brief.", demonstrations=demos)
+    example = task.examples[0]
+    assert task.messages(example, instruction="Answer in tags.") == [
+        {"role": "system", "content": "Be brief.\nAnswer in tags."},
+        *demos,
+        {"role": "user", "content": example.question},
+    ]
+    task.cfg = DataConfig(demonstrations=demos)
+    assert task.messages(example)[0] == demos[0]  # no system message: the chat template's default applies
+
+
+def test_held_out_split_is_disjoint_seeded_and_sized() -> None:
+    cfg = _arith(min_operand=0, max_operand=9)
+    cfg.eval_size = 30
+    train, held = build_task(cfg, "train").examples, build_task(cfg, "eval").examples
+    assert len(train) == 70 and len(held) == 30
+    assert not {e.prompt_id for e in train} & {e.prompt_id for e in held}
+    assert {e.prompt_id for e in train} | {e.prompt_id for e in held} == {
+        e.prompt_id for e in build_task(cfg, "all").examples
+    }
+    assert [e.prompt_id for e in build_task(cfg, "eval").examples] == [e.prompt_id for e in held]
+    cfg.split_seed = 1
+    assert {e.prompt_id for e in build_task(cfg, "eval").examples} != {e.prompt_id for e in held}
+    cfg.eval_size = 0  # no split: eval on everything
+    assert len(build_task(cfg, "eval").examples) == len(build_task(cfg, "train").examples) == 100
+    cfg.eval_size = 100
+    with pytest.raises(DataError, match="leaves nothing to train on"):
+        build_task(cfg)
+
+
+def test_synthetic_qa_answers_follow_from_the_questions() -> None:
+    import re
+
+    task = build_task(DataConfig(task="synthetic_qa"), "all")
+    assert len(task.examples) == 2000
+    kinds = [e.meta["kind"] for e in task.examples]
+    assert kinds[:4] == ["table_lookup", "table_max", "word_add", "word_sub"]
+    for e in task.examples:  # recompute every answer from the question text alone
+        kind = e.meta["kind"]
+        if kind.startswith("table"):
+            rows = dict(re.findall(r"(\w+) (\d+)[,.]", e.question.split("?")[0]))
+            assert len(rows) == 4
+            if kind == "table_lookup":
+                name = re.search(r"of (\w+)\?$", e.question).group(1)
+                assert e.answer == rows[name]
+            else:
+                assert e.answer == max(rows, key=lambda k: int(rows[k]))
+        else:
+            a, b = (int(x) for x in re.findall(r"\d+", e.question))
+            assert int(e.answer) == (a + b if kind == "word_add" else a - b) and int(e.answer) >= 0
+    again = build_task(DataConfig(task="synthetic_qa"), "all")
+    assert [e.question for e in again.examples] == [e.question for e in task.examples]
+    assert task.reward(task.examples[1], f"<answer>{task.examples[1].answer}</answer>") == 1.0
+
+
+@pytest.mark.parametrize(
+    ("qa", "match"),
+    [({"kinds": []}, "non-empty subset"), ({"kinds": ["riddles"]}, "subset"), ({"num_examples": 0}, ">= 1")],
+)
+def test_synthetic_qa_bad_config(qa: dict, match: str) -> None:
+    from nemo_azr.config.schema import SyntheticQAConfig
+
+    with pytest.raises(ConfigError, match=match):
+        build_task(DataConfig(task="synthetic_qa", synthetic_qa=SyntheticQAConfig(**qa)))
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -80,6 +162,8 @@ def test_arithmetic_messages_reference_and_reward() -> None:
         {"operations": ["/"]},
         {"num_problems": -1},
         {"max_operand": 1, "num_problems": 5},  # only 4 problems exist
+        {"question_template": "What is {a} plus {b}?"},  # {op} missing
+        {"question_template": "What is {a} {op} {c}?"},
     ],
 )
 def test_arithmetic_bad_config(kwargs: dict) -> None:
