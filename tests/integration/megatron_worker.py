@@ -10,7 +10,9 @@ equals the checkpoint bit for bit.
     python megatron_worker.py OUT_DIR SCENARIOS_JSON STORE_FILE RANK WORLD   # one process per rank
     python -m torch.distributed.run --standalone --nproc_per_node N megatron_worker.py OUT_DIR SCENARIOS_JSON
 
-SCENARIOS_JSON: a list of ``{"name", "model_dir", "batch_file", "tp", "pp", "micro_batch_size"}``.
+SCENARIOS_JSON: a list of ``{"name", "model_dir", "batch_file", "tp", "pp", "micro_batch_size"}``
+(optional: ``"vpp"``, ``"sequence_parallel"``, and ``"logits_ids_file"``: rank 0 also reports the full
+logits of those unpadded rows).
 """
 
 from __future__ import annotations
@@ -69,7 +71,14 @@ def run_scenario(scenario: dict) -> dict:
         data["position_ids"][rows],
         micro_batch_size=scenario["micro_batch_size"],
     )
+    # Full logits (TP shards gathered, through the pipeline schedule): reported by global rank 0.
+    logits = None
+    if scenario.get("logits_ids_file"):
+        from nemo_azr.models.megatron.parity import megatron_logits
+
+        logits = megatron_logits(model, torch.load(scenario["logits_ids_file"]))
     return {
+        "logits": logits.tolist() if logits is not None and dist.get_rank() == 0 else None,
         "name": scenario["name"],
         "tp_rank": ps.get_tensor_model_parallel_rank(),
         "pp_rank": ps.get_pipeline_model_parallel_rank(),

@@ -1,4 +1,6 @@
-"""Megatron-core over gloo in several processes: TP=2, PP=2, DP=2 (and TP=2 x PP=2) equal HF / TP=1.
+"""Megatron-core over gloo in several processes: TP=2, PP=2, DP=2 (and TP=2 x PP=2) equal HF / TP=1,
+also at PP=2 for SmolLM2-135M's attention shape (9 query heads, 3 kv heads, tied; TP=3 of it:
+test_megatron_gqa.py).
 
 The workers (megatron_worker.py) load the HF checkpoints into the megatron model split by each
 layout and return token log-probs of a padded batch; this process computes the reference with the
@@ -30,6 +32,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 WORKER = Path(__file__).with_name("megatron_worker.py")
 ATOL = 1e-5
 TIMEOUT_S = 120
+#: SmolLM2-135M's attention shape on the tiny model: 9 query heads in 3 kv groups (tied embeddings).
+GQA_TINY = {"num_heads": 9, "num_kv_heads": 3, "hidden_size": 72, "intermediate_size": 144}
 
 
 def hf_token_logprobs(model_dir: Path, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -64,9 +68,22 @@ def setup(tiny_cache, tmp_path_factory):
     batch = pack_prompt_response(prompts, responses, None, pad_id=0)
     torch.save(batch, root / "batch.pt")
     llama4 = ensure_tiny_model(TinyModelConfig(num_layers=4, cache_dir=tiny_cache))  # for pp=2 x vpp=2
-    models = {"llama": llama, "qwen2": root / "qwen2", "llama4": llama4}
+    gqa = ensure_tiny_model(TinyModelConfig(**GQA_TINY, cache_dir=tiny_cache))
+    models = {"llama": llama, "qwen2": root / "qwen2", "llama4": llama4, "gqa": gqa}
     refs = {name: hf_token_logprobs(path, batch) for name, path in models.items()}
-    return {"root": root, "models": models, "refs": refs, "batch_file": str(root / "batch.pt")}
+    ids = torch.randint(0, 1000, (2, 9), generator=g)  # unpadded rows for the full-logits check
+    torch.save(ids, root / "ids.pt")
+    hf_gqa = AutoModelForCausalLM.from_pretrained(str(gqa), dtype=torch.float32).eval()
+    with torch.no_grad():
+        gqa_logits = hf_gqa(input_ids=ids).logits
+    return {
+        "root": root,
+        "models": models,
+        "refs": refs,
+        "batch_file": str(root / "batch.pt"),
+        "ids_file": str(root / "ids.pt"),
+        "gqa_logits": gqa_logits,
+    }
 
 
 def launch(world: int, scenarios: list[dict], out_dir: Path, torchrun: bool = False) -> dict[str, list[dict]]:
@@ -102,9 +119,18 @@ def launch(world: int, scenarios: list[dict], out_dir: Path, torchrun: bool = Fa
 
 
 def scenario(
-    setup, name: str, family: str, tp: int, pp: int, micro: int = 0, vpp: int = 0, sp: bool = False
+    setup,
+    name: str,
+    family: str,
+    tp: int,
+    pp: int,
+    micro: int = 0,
+    vpp: int = 0,
+    sp: bool = False,
+    logits: bool = False,
 ) -> dict:
     return {
+        "logits_ids_file": setup["ids_file"] if logits else None,
         "vpp": vpp,
         "sequence_parallel": sp,
         "name": name,
@@ -128,6 +154,8 @@ def two_ranks(setup):
         # sequence parallel: 7 compacted columns, padded to 8 to split over the 2 TP ranks
         scenario(setup, "tp2sp-llama", "llama", tp=2, pp=1, sp=True),
         scenario(setup, "tp2sp-qwen2", "qwen2", tp=2, pp=1, sp=True),
+        # 9 heads / 3 kv heads, tied: the embedding on stage 1, megatron's copy of it on stage 2
+        scenario(setup, "pp2-gqa", "gqa", tp=1, pp=2, micro=2, logits=True),
     ]
     return launch(2, scenarios, setup["root"] / "two_ranks")
 
@@ -160,6 +188,16 @@ def test_pp2_matches_hf_on_every_stage(two_ranks, setup, family):
     reports = two_ranks[f"pp2-{family}"]
     assert sorted(r["pp_rank"] for r in reports) == [0, 1]  # the first stage gets the broadcast result
     check_reports(reports, setup["refs"][family])
+
+
+def test_pp2_gqa_with_tied_embeddings_matches_hf(two_ranks, setup):
+    """SmolLM2-135M's attention shape (9 query heads in 3 kv groups) with tied embeddings at PP=2:
+    log-probs of the padded batch and full logits (through the pipeline schedule) equal HF's."""
+    reports = two_ranks["pp2-gqa"]
+    assert sorted(r["pp_rank"] for r in reports) == [0, 1]
+    check_reports(reports, setup["refs"]["gqa"])
+    (logits,) = [torch.tensor(r["logits"]) for r in reports if r["logits"] is not None]
+    torch.testing.assert_close(logits, setup["gqa_logits"], atol=ATOL, rtol=0)
 
 
 def test_virtual_pipeline_matches_hf(two_ranks, setup):

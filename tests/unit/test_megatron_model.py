@@ -154,6 +154,100 @@ def test_hf_megatron_hf_round_trip_is_bit_exact(pair, tp, pp):
         assert {k: v.shape for k, v in shards[0][0].items()} == params
 
 
+#: SmolLM2-135M's attention shape on the tiny model: 9 query heads in 3 kv groups, tied embeddings.
+GQA_TINY = {"num_heads": 9, "num_kv_heads": 3, "hidden_size": 72, "intermediate_size": 144}
+
+
+@pytest.fixture(scope="module")
+def gqa_hf(tiny_cache):
+    cfg = TinyModelConfig(**GQA_TINY, cache_dir=tiny_cache)
+    hf = AutoModelForCausalLM.from_pretrained(str(ensure_tiny_model(cfg)), dtype=torch.float32).eval()
+    assert (hf.config.num_attention_heads, hf.config.num_key_value_heads, hf.config.head_dim) == (9, 3, 8)
+    assert hf.config.tie_word_embeddings
+    return hf
+
+
+@pytest.mark.parametrize("tp,pp", [(3, 1), (1, 2), (3, 2)])
+def test_gqa_odd_heads_tied_round_trip_is_bit_exact(gqa_hf, tp, pp):
+    """9 query heads / 3 kv heads at TP=3: each rank's fused QKV is one whole query group (its 3 query
+    heads, then its k and v head), the vocabulary is padded to a multiple of 128 x 3 with zero rows,
+    and HF -> megatron -> HF gives every tensor back bit for bit (the tied lm_head left out)."""
+    hf = gqa_hf
+    sd = {k: v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    shards = [
+        [hf_to_megatron(sd, hf.config, tp_rank=t, tp_size=tp, pp_rank=p, pp_size=pp) for t in range(tp)]
+        for p in range(pp)
+    ]
+    back = megatron_to_hf(shards, hf.config)
+    assert back.keys() == sd.keys()
+    assert all(torch.equal(back[k], sd[k]) for k in sd)
+    vocab, d = hf.config.vocab_size, 8  # head dim
+    padded = padded_vocab_size(vocab, ParallelLayout(tp=tp))
+    assert padded % (128 * tp) == 0 and padded - 128 * tp < vocab <= padded
+    for t, shard in enumerate(shards[0]):
+        rows = shard["embedding.word_embeddings.weight"]
+        assert rows.shape == (padded // tp, hf.config.hidden_size)
+        want = torch.cat([sd["model.embed_tokens.weight"], torch.zeros(padded - vocab, rows.shape[1])])
+        assert torch.equal(rows, want.chunk(tp)[t])
+        if tp == 3:  # rank t holds kv group t: q heads 3t..3t+2, then k head t, then v head t
+            attn = "model.layers.0.self_attn."
+            q, k, v = (sd[f"{attn}{n}_proj.weight"] for n in "qkv")
+            group = torch.cat(
+                [q[3 * t * d : 3 * (t + 1) * d], k[t * d : (t + 1) * d], v[t * d : (t + 1) * d]]
+            )
+            assert torch.equal(shard["decoder.layers.0.self_attention.linear_qkv.weight"], group)
+    if pp == 2:  # tied across stages: the last stage holds megatron's copy of the (padded) embedding
+        for t in range(tp):
+            assert torch.equal(
+                shards[1][t]["output_layer.weight"], shards[0][t]["embedding.word_embeddings.weight"]
+            )
+
+
+def test_gqa_odd_heads_logits_match_hf(gqa_hf, parallel):
+    hf = gqa_hf
+    model = build_gpt_model(hf.config, LAYOUT).eval()
+    shard = hf_to_megatron(hf.state_dict(), hf.config, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+    missing, unexpected = model.load_state_dict(shard, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    vocab = hf.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits
+        got = model(ids, torch.arange(12).expand(2, 12), None)
+    torch.testing.assert_close(got[..., :vocab], want, atol=ATOL, rtol=0)
+    batch = padded_batch(vocab)
+    with torch.no_grad():
+        lp = megatron_token_logprobs(
+            model, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+        )
+        torch.testing.assert_close(lp, hf_token_logprobs(hf, batch), atol=ATOL, rtol=0)
+
+
+def test_pad_token_inside_a_row_gets_no_lookup_gradient_as_in_hf(gqa_hf, parallel):
+    """transformers' Llama embedding is ``nn.Embedding(padding_idx=pad_token_id)``: where the pad id is
+    also a real token (SmolLM2's pad is its ``<|im_end|>``) its row gets no gradient from the lookup,
+    only from the tied output layer. The megatron model's embedding gradient equals HF's there too."""
+    hf = gqa_hf
+    pad = hf.config.pad_token_id
+    model = build_gpt_model(hf.config, LAYOUT)
+    model.load_state_dict(
+        hf_to_megatron(hf.state_dict(), hf.config, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1), strict=False
+    )
+    batch = padded_batch(hf.config.vocab_size)
+    ids = batch["input_ids"]
+    ids[batch["attention_mask"] > 0] = torch.where(  # every third real token becomes the pad id
+        torch.arange(int(batch["attention_mask"].sum())) % 3 == 1, pad, ids[batch["attention_mask"] > 0]
+    )
+    hf.zero_grad()
+    hf_token_logprobs(hf, batch).sum().backward()
+    megatron_token_logprobs(model, ids, batch["attention_mask"], batch["position_ids"]).sum().backward()
+    want = hf.model.embed_tokens.weight.grad
+    got = model.embedding.word_embeddings.weight.grad[: hf.config.vocab_size]
+    assert want[pad].abs().max() > 1e-3  # the tied output layer's part
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    hf.zero_grad()
+
+
 def _config(**overrides):
     from transformers import LlamaConfig
 
@@ -175,6 +269,16 @@ def _config(**overrides):
         (ParallelLayout(tp=3), {}, "num_key_value_heads 2 is neither a multiple nor a divisor"),
         (ParallelLayout(pp=3), {}, "num_hidden_layers 2 is not divisible by pipeline stages"),
         (ParallelLayout(tp=2), {"vocab_size": 100}, "vocab size 100 is too small for tp=2"),
+        (
+            ParallelLayout(tp=2),
+            {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 72},
+            "num_attention_heads 9 is not divisible by tensor parallel size 2",
+        ),
+        (  # 9 heads at tp=9 (kv heads replicated) is fine, but 1000 rows padded to 1152 leave rank 8 none
+            ParallelLayout(tp=9),
+            {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 72},
+            "vocab size 1000 is too small for tp=9",
+        ),
         (
             ParallelLayout(),
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},

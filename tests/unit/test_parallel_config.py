@@ -118,6 +118,17 @@ def test_kv_heads_may_be_fewer_than_tp():
     assert (got.tp, got.dp) == (4, 1)
 
 
+def test_tp3_for_nine_heads_in_three_kv_groups():
+    # SmolLM2-135M: 9 heads, 3 kv heads, 30 layers. tp 3 splits the kv groups (one each); tp 9
+    # replicates each kv head over 3 ranks; with pp 2 (15 layers per stage) 6 processes are one replica.
+    got = _layout(_cfg(tensor_model_parallel_size=3), world=3, heads=9, kv=3, layers=30)
+    assert (got.tp, got.pp, got.dp, got.global_batch_size) == (3, 1, 1, 64)
+    assert _layout(_cfg(tensor_model_parallel_size=9), world=9, heads=9, kv=3, layers=30).tp == 9
+    cfg = _cfg(tensor_model_parallel_size=3, pipeline_model_parallel_size=2)
+    got = _layout(cfg, world=6, heads=9, kv=3, layers=30)
+    assert (got.tp, got.pp, got.dp, got.num_micro_batches) == (3, 2, 1, 2)
+
+
 def test_cuda_resolves_backend_and_allows_gpu_features():
     cfg = _cfg(tensor_model_parallel_size=2, sequence_parallel=True, distributed_optimizer=True)
     cfg.trainer.device = "cuda"
@@ -160,6 +171,11 @@ BAD = [
         {"world": 3, "heads": 12, "kv": 4},
         "parallel.tensor_model_parallel_size=3 must divide or be a multiple of the model's 4 key/value heads; "
         "try 1, 2, 4 or 12",
+    ),
+    (  # SmolLM2-135M's heads at tp 2
+        _set(parallel__tensor_model_parallel_size=2),
+        {"world": 2, "heads": 9, "kv": 3, "layers": 30},
+        "parallel.tensor_model_parallel_size=2 must divide the model's 9 attention heads; try 1, 3 or 9",
     ),
     (
         _set(parallel__pipeline_model_parallel_size=3),
@@ -255,7 +271,14 @@ def test_bad_layout_is_one_line(change, args, expected):
 
 @pytest.mark.parametrize(
     ("recipe", "tp", "pp", "dp"),
-    [("tp1pp1", 1, 1, 0), ("tp2pp1", 2, 1, 0), ("tp1pp2", 1, 2, 0), ("tp2pp2", 2, 2, 0), ("dp2", 1, 1, 2)],
+    [
+        ("tp1pp1", 1, 1, 0),
+        ("tp2pp1", 2, 1, 0),
+        ("tp3pp1", 3, 1, 0),
+        ("tp1pp2", 1, 2, 0),
+        ("tp2pp2", 2, 2, 0),
+        ("dp2", 1, 1, 2),
+    ],
 )
 def test_recipes_compose(capsys, recipe, tp, pp, dp):
     assert main(["show-config", f"parallel={recipe}"]) == 0
@@ -304,6 +327,17 @@ def test_megatron_checks_the_tiny_model_shape_at_start(capsys):
     assert line.endswith(
         "parallel.tensor_model_parallel_size=3 must divide the model's 4 attention heads; try 1, 2 or 4"
     )
+
+
+@pytest.mark.skipif(not HAS_MEGATRON, reason="megatron-core not installed")
+def test_tp3_recipe_needs_heads_that_three_divides(capsys):
+    line = cli_error(capsys, "model=megatron", "parallel=tp3pp1")  # the tiny model's 4 heads
+    assert line.endswith(
+        "parallel.tensor_model_parallel_size=3 must divide the model's 4 attention heads; try 1, 2 or 4"
+    )
+    gqa = ["model.tiny.num_heads=9", "model.tiny.num_kv_heads=3", "model.tiny.hidden_size=72"]
+    assert main(["show-config", "model=megatron", "parallel=tp3pp1", *gqa]) == 0
+    assert "  tensor_model_parallel_size: 3\n" in capsys.readouterr().out
 
 
 def test_megatron_model_without_megatron_core_is_one_line(capsys, monkeypatch):

@@ -2,9 +2,11 @@
 
 Equivalence (checked against the HF model in tests): RMSNorm, SwiGLU (gated linear unit, silu),
 RoPE with the HF ``rope_theta`` (rotate-half layout), grouped-query attention, no biases except
-Qwen2's QKV bias, tied input/output embeddings when the HF config ties them. Weights are created on
-the CPU (``use_cpu_initialization``) so a TP=2 model starts from the same weights as TP=1. The layer
-spec is megatron-core's local one; TransformerEngine's only when it is importable and CUDA is there.
+Qwen2's QKV bias, tied input/output embeddings when the HF config ties them, and no lookup gradient
+for the ``pad_token_id`` row (transformers' ``padding_idx``: :func:`_pad_lookup_without_grad`).
+Weights are created on the CPU (``use_cpu_initialization``) so a TP=2 model starts from the same
+weights as TP=1. The layer spec is megatron-core's local one; TransformerEngine's only when it is
+importable and CUDA is there.
 """
 
 from __future__ import annotations
@@ -257,4 +259,27 @@ def build_gpt_model(
     # Remembered for the state-dict adapter and the log-prob kernel (padded rows must not count).
     model.real_vocab_size = hf_config.vocab_size
     model.padded_vocab_size = padded_vocab_size(hf_config.vocab_size, layout)
+    pad = getattr(hf_config, "pad_token_id", None)
+    if pre_process and pad is not None and 0 <= pad < hf_config.vocab_size:
+        embedding = model.embedding.word_embeddings
+        embedding.hf_padding_idx = pad
+        embedding.register_forward_hook(_pad_lookup_without_grad)
     return model
+
+
+def _pad_lookup_without_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    """Forward hook of the word embedding: positions holding ``pad_token_id`` pass no gradient to the
+    embedding table, as transformers' ``nn.Embedding(..., padding_idx=pad_token_id)`` of Llama / Qwen2.
+
+    Values are unchanged. It matters when the pad token is also a real token (SmolLM2's pad is its
+    ``<|im_end|>``, in every chat prompt): HF never trains that row through the lookup (a tied output
+    layer still trains it), so neither may this backend if a step is to equal the ``hf`` backend's.
+    The output is the TP-reduced ``[b, s, h]``, or with sequence parallelism this rank's
+    reduce-scattered ``[s/tp, b, h]`` chunk.
+    """
+    if not torch.is_grad_enabled() or not output.requires_grad:
+        return output
+    pad = args[0] == module.hf_padding_idx  # [b, s]
+    if module.reduce_scatter_embeddings:
+        pad = pad.t().chunk(module.tp_group.size())[module.tp_group.rank()]  # [s/tp, b]
+    return torch.where(pad.unsqueeze(-1), output.detach(), output)

@@ -33,6 +33,14 @@ def copy_hf_side_files(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+def _barrier() -> None:
+    """``dist.barrier()`` when several processes run (no-op for one, or without torch.distributed)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def _check_out(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         raise CheckpointError(f"output folder {out} exists and is not empty")
@@ -45,16 +53,21 @@ def _policy(model_path: Path, cfg: NemoAzrConfig):
 
 
 def hf_to_megatron_checkpoint(hf_dir: Path, out: Path, cfg: NemoAzrConfig) -> Path:
-    """Write ``out/dist`` and ``out/model`` from a local HF Llama / Qwen2 folder. Collective."""
+    """Write ``out/dist`` and ``out/model`` from a local HF Llama / Qwen2 folder. Collective: ``out`` is
+    complete on every rank when it returns."""
     from nemo_azr.models.megatron.dist_ckpt import save_dist_checkpoint
 
     if not (hf_dir / "config.json").is_file():
         raise CheckpointError(f"{hf_dir} is not a HF model folder (config.json missing)")
     _check_out(out)
     policy = _policy(hf_dir, cfg)
+    # Every rank has checked that OUT is empty before any rank creates OUT/dist (under torchrun a fast
+    # rank would otherwise make a slow one's check fail).
+    _barrier()
     save_dist_checkpoint(policy.chunks, None, None, out / "dist")
     if global_rank() == 0:
         copy_hf_side_files(hf_dir, out / "model")
+    _barrier()  # OUT is complete on return, on every rank
     return out
 
 
@@ -66,7 +79,7 @@ def megatron_to_hf_checkpoint(ckpt: Path, out: Path, cfg: NemoAzrConfig) -> Path
         raise CheckpointError(f"{ckpt} is not a megatron checkpoint (no dist/ folder)")
     _check_out(out)
     policy = _policy(ckpt, cfg)
-    state = policy.export_hf_state_dict()
+    state = policy.export_hf_state_dict()  # collective: every rank has checked OUT before rank 0 writes
     if global_rank() == 0:
         import torch
 
@@ -74,4 +87,5 @@ def megatron_to_hf_checkpoint(ckpt: Path, out: Path, cfg: NemoAzrConfig) -> Path
         model.load_state_dict(state)
         copy_hf_side_files(ckpt / "model", out)
         model.save_pretrained(out)
+    _barrier()
     return out
