@@ -32,10 +32,16 @@ from tests.cli_errors import cli_error
         (["data.task=jsonl"], "data.task=jsonl needs data.path"),
         (["data.task=jsonl", "data.path=/nonexistent.jsonl"], "no such file"),
         (["data.eval_size=-1"], "data.eval_size must be >= 0"),
-        (["+data.demonstrations=[{role: assistant, content: x}]"], "data.demonstrations[0].role is 'assistant'"),
+        (
+            ["+data.demonstrations=[{role: assistant, content: x}]"],
+            "data.demonstrations[0].role is 'assistant'",
+        ),
         (["+data.demonstrations=[{role: user, content: q}]"], "must end with an assistant message"),
         (["+data.demonstrations=[{role: user}]"], "data.demonstrations[0] must be {role: ..., content: ...}"),
-        (["+data.demonstrations=[{role: user, content: ' '}, {role: assistant, content: a}]"], "non-empty string"),
+        (
+            ["+data.demonstrations=[{role: user, content: ' '}, {role: assistant, content: a}]"],
+            "non-empty string",
+        ),
         (["data.arithmetic.question_template='What is {a}?'"], "must contain {a}, {op} and {b}"),
         (["data.task=synthetic_qa", "data.synthetic_qa.kinds=[riddles]"], "data.synthetic_qa.kinds"),
     ],

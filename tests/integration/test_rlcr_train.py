@@ -99,7 +99,9 @@ def test_eval_scores_accuracy_of_a_single_turn_run_on_the_held_out_split(tiny_ca
     # accuracy is the mean of the task's own reward of each written response
     from nemo_azr.rewards.accuracy import accuracy_reward
 
-    assert metrics["accuracy"] == pytest.approx(sum(accuracy_reward(s["gold"], s["response"]) for s in samples) / 6)
+    assert metrics["accuracy"] == pytest.approx(
+        sum(accuracy_reward(s["gold"], s["response"]) for s in samples) / 6
+    )
 
 
 def test_eval_of_self_play_is_a_clear_error(tiny_cache, tmp_path, capsys):
