@@ -112,6 +112,9 @@ class AbsoluteZeroWorkflow:
                 "repropose/groups_reproposed": float(reproposed),
                 "repropose/final_non_learnable": float(sum(g.result.flagged for g in final)),
                 "proposer/num_unparseable": float(unparseable),
+                # share of proposer generations (first proposals and re-proposals) that parsed into a
+                # valid question group: every program ran in the sandbox
+                "proposer/valid_task_rate": 1.0 - unparseable / num_trajectories if num_trajectories else 0.0,
                 "timing/azr_rollout_s": time.perf_counter() - t0,
             }
         )

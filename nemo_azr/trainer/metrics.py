@@ -159,6 +159,16 @@ def truncate_jsonl(path: Path, step: int) -> None:
     path.write_text("".join(x + "\n" for x in keep))
 
 
+#: Metrics that measure the machine (wall time, speed, memory), not the run: they differ between two
+#: runs that are otherwise identical (resume tests compare everything else).
+MACHINE_METRIC_PREFIXES = ("timing/", "throughput/", "system/")
+
+
+def without_machine_metrics(records: list[dict]) -> list[dict]:
+    """The records with the machine-dependent metrics (:data:`MACHINE_METRIC_PREFIXES`) removed."""
+    return [{k: v for k, v in r.items() if not k.startswith(MACHINE_METRIC_PREFIXES)} for r in records]
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """All records of a metrics.jsonl file (for tests, plots and reports)."""
     with open(path) as fh:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -293,6 +294,8 @@ class Trainer:
                 "timing/update_s": t_update - t_logprob,
                 "timing/refit_s": t_refit - t_update,
                 "timing/step_s": time.perf_counter() - t_start,
+                "throughput/response_tokens_per_s": metrics["batch/tokens"] / (t_rollout - t_start),
+                "system/peak_rss_gb": peak_rss_gb(),
                 "trainer/policy_version": float(self.state.policy_version),
                 "trainer/samples_seen": float(self.state.samples_seen),
                 "trainer/skipped_steps": float(self.state.skipped_steps),
@@ -447,6 +450,11 @@ class Trainer:
             self.preemption.uninstall()
             logger.close()
         return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far (Linux ``ru_maxrss`` is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _check_finite(metrics: dict[str, float], step: int) -> None:

@@ -5,7 +5,7 @@ import signal
 import pytest
 
 from nemo_azr.config.loader import load_config
-from nemo_azr.trainer.metrics import read_metrics
+from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 from nemo_azr.trainer.trainer import Trainer
 
 N = 3
@@ -40,7 +40,7 @@ class _PreemptedTrainer(Trainer):
 
 
 def _comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+    return without_machine_metrics(records)
 
 
 @pytest.mark.slow
@@ -59,5 +59,16 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
     b = _comparable(read_metrics(split / "metrics.jsonl"))
     assert [r["step"] for r in b] == list(range(2 * N))
     assert a == b
+    # What the model wrote is logged too (logger.samples_per_step, default 4 rows per step, from 4
+    # different prompts), and a resumed run rewrites exactly the steps after its checkpoint.
+    samples_full, samples_split = read_metrics(full / "samples.jsonl"), read_metrics(split / "samples.jsonl")
+    assert samples_full == samples_split
+    assert [r["step"] for r in samples_full] == [step for step in range(2 * N) for _ in range(4)]
+    for step in range(2 * N):
+        rows = [r for r in samples_full if r["step"] == step]
+        assert len({r["group_id"] for r in rows}) == 4 and all(
+            r["prompt"].startswith("What is") for r in rows
+        )
+        assert all(isinstance(r["response"], str) and r["reward"] in (0.0, 1.0) for r in rows)
     # the runs really trained: the policy moved and rewards were observed at every step
     assert all("reward/mean" in r and "actor/pg_loss" in r for r in a)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_azr.cli import main as nemo_azr_main
-from nemo_azr.trainer.metrics import read_metrics
+from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 from nemo_azr.trainer.preemption import EXIT_PREEMPTED
 
 STEPS = 3
@@ -27,7 +27,7 @@ def _overrides(tiny_cache, out, *extra):
 
 
 def _comparable(records):
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+    return without_machine_metrics(records)
 
 
 @pytest.mark.slow

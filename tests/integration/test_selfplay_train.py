@@ -135,7 +135,7 @@ def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
     (proposals, re-proposals, the filter's sampling and the joint update all replay exactly)."""
     import signal
 
-    from nemo_azr.trainer.metrics import read_metrics
+    from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 
     n = 2
 
@@ -165,7 +165,7 @@ def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
     assert Trainer(cfg(tmp_path / "split")).fit().step == 2 * n
 
     def comparable(path):
-        return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_metrics(path)]
+        return without_machine_metrics(read_metrics(path))
 
     full, split = (
         comparable(tmp_path / "full" / "metrics.jsonl"),

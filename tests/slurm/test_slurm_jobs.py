@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_azr.trainer.metrics import read_metrics
+from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 300
@@ -92,7 +92,7 @@ def tiny_overrides(tiny_cache: str, out: Path, log_dir: Path, *extra: str) -> li
 
 
 def comparable(records: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith("timing/")} for r in records]
+    return without_machine_metrics(records)
 
 
 @pytest.mark.slow
