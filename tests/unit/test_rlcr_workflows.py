@@ -233,3 +233,47 @@ def test_config_validation_single_turn_and_other_workflows(tiny_cache):
         load_config(["algorithm.estimator=rlcr_hierarchical"])
     cfg = _cfg(tiny_cache, "algorithm.mini_batch_size=32")  # 8 prompts x 4 x (1 + 4) = 160 rows
     assert cfg.algorithm.mini_batch_size == 32
+
+
+#: A chat format unlike ChatML, to show prompts come from the tokenizer's own template.
+BRACKET_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+def test_two_turn_prompts_use_the_models_chat_template_with_format_and_demonstrations(tok, tiny_cache):
+    import copy
+
+    bracket = copy.deepcopy(tok)
+    bracket.chat_template = BRACKET_TEMPLATE
+    demos = [
+        "+data.demonstrations=[{role: user, content: 'What is 2 + 2?'}, "
+        "{role: assistant, content: '<think>2 + 2 = 4</think><answer>4</answer>'}]",
+        "rlcr.format_prompt=auto",
+        "data.system_prompt=Be brief.",
+        "rlcr.num_generations_answer=2",
+        "rlcr.num_generations_confidence=2",
+    ]
+    cfg = _cfg(tiny_cache, *demos)
+    task = ArithmeticTask(cfg.data)
+    workflow = TwoTurnRLCRWorkflow(task, bracket, cfg)
+    backend = ScriptedBackend(
+        bracket, ["<think>3 + 4</think><answer>7</answer>"], ["<confidence>0.9</confidence>"]
+    )
+    workflow.run(_examples()[:1], backend, SamplingParams(n=2, max_new_tokens=16), step=0)
+
+    (_, turn1, _), (_, turn2, _) = backend.calls
+    expected_turn1 = (
+        "[system] Be brief.\nReason inside <think></think>, then write only the final answer inside "
+        "<answer></answer>.\n"
+        "[user] What is 2 + 2?\n[assistant] <think>2 + 2 = 4</think><answer>4</answer>\n"
+        "[user] What is 3 + 4?\n[assistant] "
+    )
+    assert bracket.decode(turn1[0]) == expected_turn1
+    answer = "<think>3 + 4</think><answer>7</answer>"
+    expected_turn2 = f"{expected_turn1}{answer}\n[user] {cfg.rlcr.confidence_prompt}\n[assistant] "
+    assert bracket.decode(turn2[0]) == expected_turn2
+    # the answer's ids are kept exactly as sampled inside the turn-2 context
+    answer_ids = bracket(answer, add_special_tokens=False)["input_ids"]
+    assert turn2[0][len(turn1[0]) : len(turn1[0]) + len(answer_ids)] == answer_ids

