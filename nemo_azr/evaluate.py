@@ -79,7 +79,7 @@ class EvalRun:
         import nemo_azr.rollout  # noqa: F401  (registers generation backends)
         from nemo_azr.models.tiny import load_tokenizer
         from nemo_azr.registry import GENERATION_BACKENDS, WORKFLOWS
-        from nemo_azr.rollout.hf_backend import sampling_from_config
+        from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
         from nemo_azr.tasks import build_task
 
         self.cfg = cfg
@@ -96,7 +96,7 @@ class EvalRun:
         backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)
         if getattr(backend_cls, "reads_policy_in_place", False):  # eval reads an HF folder, not a policy
             backend_cls = GENERATION_BACKENDS.get("hf")
-        self.backend = backend_cls(model, self.tokenizer, max_batch_size=cfg.generation.max_batch_size)
+        self.backend = backend_cls(model, self.tokenizer, **backend_kwargs(cfg.generation))
         self.sampling = sampling_from_config(self.eval_cfg.generation, greedy=cfg.eval.greedy)
         self.examples = self._select_examples()
         self.generated_tokens = 0

@@ -90,6 +90,24 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _one_of("algorithm.kl.estimator", alg.kl.estimator, KL_ESTIMATORS)
     _one_of("algorithm.kl.mode", alg.kl.mode, KL_MODES)
     _one_of("model.dtype", cfg.model.dtype, DTYPES)
+    _require(
+        cfg.model.autocast_dtype in ("", *DTYPES[1:]),
+        f"model.autocast_dtype={cfg.model.autocast_dtype!r} is not one of: '' (off), {', '.join(DTYPES[1:])}",
+    )
+    _require(
+        cfg.generation.dtype in ("", *DTYPES),
+        f"generation.dtype={cfg.generation.dtype!r} is not one of: '' (model.dtype), {', '.join(DTYPES)}",
+    )
+    _require(
+        not cfg.model.autocast_dtype or cfg.model.backend != MEGATRON_BACKEND,
+        "model.autocast_dtype is the hf policy's mixed precision; megatron sets its precision through "
+        "model.dtype (bf16 with fp32 master weights in its optimizer)",
+    )
+    _require(
+        not cfg.generation.dtype or gen.backend != "megatron",
+        "generation.dtype applies to the hf generation backend's weight copy; generation.backend=megatron "
+        "decodes on the policy's own weights (leave generation.dtype empty)",
+    )
     _one_of("optim.schedule", opt.schedule, SCHEDULES)
     _one_of("trainer.device", tr.device, DEVICES)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)

@@ -79,6 +79,7 @@ class HFPolicy(PPOUpdateMixin):
         self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.model.config.vocab_size)
         self.kernel_backend = cfg.model.kernel_backend
         self.fused_loss = cfg.model.fused_policy_loss
+        self.autocast_dtype = getattr(torch, cfg.model.autocast_dtype) if cfg.model.autocast_dtype else None
         if trainable:
             self.model.train()
             if cfg.model.gradient_checkpointing:
@@ -104,7 +105,13 @@ class HFPolicy(PPOUpdateMixin):
         pos = batch.get(F.POSITION_IDS)
         pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(self.device)
         decoder = getattr(self.model, self.model.base_model_prefix)
-        return decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state, ids
+        if self.autocast_dtype is None:
+            return decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state, ids
+        # Mixed precision: the decoder's matmuls in autocast_dtype, weights (and their gradients) in
+        # model.dtype; the LM head and log-softmax run on the hidden states cast back (exact log-probs).
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+        return hidden.to(self.model.dtype), ids
 
     def token_logprobs(
         self, batch: Batch, *, mask_key: str = F.LOSS_MASK, return_entropy: bool = False

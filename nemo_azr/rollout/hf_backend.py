@@ -62,8 +62,14 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
 class HFGenerationBackend:
     """Owns its own copy of the model (like a separate inference engine); ``sync_weights`` refreshes it."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 0) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 0, dtype: torch.dtype | None = None
+    ) -> None:
+        # Its own copy, optionally in another dtype (``generation.dtype``): bf16 decodes about twice as
+        # fast on CPUs with AMX; ``sync_weights`` casts the policy's weights into it.
         self.model = copy.deepcopy(model).eval()
+        if dtype is not None:
+            self.model.to(dtype)
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -175,6 +181,14 @@ class HFGenerationBackend:
         return samples
 
 
+def backend_kwargs(gen_cfg) -> dict:
+    """Constructor keyword arguments of a generation backend from ``cfg.generation``."""
+    kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
+    if gen_cfg.dtype:
+        kwargs["dtype"] = getattr(torch, gen_cfg.dtype)
+    return kwargs
+
+
 def sampling_from_config(gen_cfg, *, n: int | None = None, greedy: bool = False) -> SamplingParams:
     return SamplingParams(
         n=gen_cfg.n_samples if n is None else n,
@@ -187,4 +201,4 @@ def sampling_from_config(gen_cfg, *, n: int | None = None, greedy: bool = False)
     )
 
 
-__all__ = ["HFGenerationBackend", "sampling_from_config"]
+__all__ = ["HFGenerationBackend", "backend_kwargs", "sampling_from_config"]

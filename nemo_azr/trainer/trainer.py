@@ -28,7 +28,7 @@ from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
 from nemo_azr.errors import CheckpointError, ConfigError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
-from nemo_azr.rollout.hf_backend import sampling_from_config
+from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
@@ -373,7 +373,7 @@ class Trainer:
                 if hasattr(self.policy, "generation_model")
                 else self.policy.model
             )
-        self.backend = backend_cls(source, self.tokenizer, max_batch_size=cfg.generation.max_batch_size)
+        self.backend = backend_cls(source, self.tokenizer, **backend_kwargs(cfg.generation))
         self.backend.version = self.state.policy_version
 
     # --- the loop --------------------------------------------------------------------------------

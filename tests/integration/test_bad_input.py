@@ -33,6 +33,11 @@ from tests.cli_errors import cli_error
         (["data.task=jsonl", "data.path=/nonexistent.jsonl"], "no such file"),
         (["data.eval_size=-1"], "data.eval_size must be >= 0"),
         (
+            ["model.autocast_dtype=float32"],
+            "model.autocast_dtype='float32' is not one of: '' (off), bfloat16, float16",
+        ),
+        (["generation.dtype=int8"], "generation.dtype='int8' is not one of"),
+        (
             ["+data.demonstrations=[{role: assistant, content: x}]"],
             "data.demonstrations[0].role is 'assistant'",
         ),

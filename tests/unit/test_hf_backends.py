@@ -232,3 +232,55 @@ def test_inverse_cdf_sampling_matches_the_distribution():
     # each frequency within 4 standard errors of its probability
     for p, c in zip([0.1, 0.6, 0.3], counts[[0, 2, 3]]):
         assert abs(c - p) < 4 * (p * (1 - p) / 20000) ** 0.5
+
+
+def test_autocast_keeps_fp32_master_weights_and_close_gradients(tiny_model_path, setup):
+    """model.autocast_dtype=bfloat16: the decoder runs in bf16, weights/grads/optimizer stay fp32, the
+    log-probs and the gradient follow the fp32 ones, and a small-lr step still moves the weights (a
+    bf16 copy of the weights would round most of a 1e-6 step away)."""
+    _cfg, tok, _policy, _backend, prompts = setup
+    results = {}
+    for autocast in ("", "bfloat16"):
+        cfg = NemoAzrConfig()
+        cfg.model.autocast_dtype = autocast
+        cfg.algorithm.shuffle_mini_batches = False
+        cfg.optim.lr = 1e-6
+        pol = HFPolicy(tiny_model_path, cfg, trainable=True)
+        pol.setup_optimizer(total_steps=1)
+        batch = _rl_batch(tok, prompts, seed=5)
+        logprobs = pol.compute_logprobs(batch)
+        captured = []
+        step = pol._clip_and_step
+        pol._clip_and_step = lambda pol=pol, captured=captured, step=step: (
+            captured.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()])) or step()
+        )
+        before = [p.detach().clone() for p in pol.model.parameters()]
+        pol.update(batch, norm_length=8)
+        moved = sum(int((p.detach() != b).sum()) for p, b in zip(pol.model.parameters(), before))
+        total = sum(b.numel() for b in before)
+        assert all(p.dtype == torch.float32 for p in pol.model.parameters())
+        results[autocast] = logprobs, captured[0], moved / total
+    (lp32, g32, moved32), (lp16, g16, moved16) = results[""], results["bfloat16"]
+    mask = _rl_batch(tok, prompts, seed=5)["loss_mask"] > 0
+    assert not torch.equal(lp32, lp16)  # really computed in bf16
+    assert (lp32 - lp16)[mask].abs().max() < 0.1  # bf16 has ~3 significant digits
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
+    assert moved32 > 0.9 and moved16 > 0.9
+
+
+def test_generation_dtype_casts_the_copy_and_sync(setup):
+    _cfg, tok, policy, _backend, prompts = setup
+    backend = HFGenerationBackend(policy.model, tok, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in backend.model.parameters())
+    assert all(p.dtype == torch.float32 for p in policy.model.parameters())  # the policy is untouched
+    with torch.no_grad():
+        policy.model.get_input_embeddings().weight.add_(0.01)
+    backend.sync_weights(policy)
+    torch.testing.assert_close(
+        backend.model.get_input_embeddings().weight,
+        policy.model.get_input_embeddings().weight.to(torch.bfloat16),
+    )
+    with torch.no_grad():
+        policy.model.get_input_embeddings().weight.sub_(0.01)  # the module-scoped policy as it was
+    out = backend.generate([GenerationRequest(prompts[0], 0)], SamplingParams(n=2, max_new_tokens=4))
+    assert len(out[0].samples) == 2 and all(len(s.token_ids) >= 1 for s in out[0].samples)
