@@ -15,7 +15,6 @@ The folder is written under a temporary name and renamed when complete, under a 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -24,14 +23,12 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_azr.errors import ConfigError
+from nemo_azr.models.cache import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, file_lock
 
-CACHE_ENV_VAR = "NEMO_AZR_CACHE"
-DEFAULT_CACHE_ROOT = Path("~/.cache/nemo_azr")
 MODELS_SUBDIR = "models"
 MARKER_FILE = "nemo_azr_import.json"  # written last: a folder without it is not a finished import
 TEMP_PREFIX = ".tmp-"
@@ -170,16 +167,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-@contextmanager
-def _file_lock(lock_path: Path):
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed, even on a crash
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def import_model(
     spec: str,
     out: Path | None = None,
@@ -208,7 +195,7 @@ def import_model(
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"import-model: cannot create {str(out.parent)!r}: {exc}") from None
-    with _file_lock(out.parent / f".{out.name}.lock"):
+    with file_lock(out.parent / f".{out.name}.lock"):
         if is_imported(out) and not force:  # another process finished it while we waited
             return out
         start = time.monotonic()

@@ -9,15 +9,12 @@ processes build it once and a crash mid-build never leaves a folder that counts.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -32,7 +29,8 @@ from transformers import (
 
 from nemo_azr.config.schema import TinyModelConfig
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.importer import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, PRESETS, ensure_preset
+from nemo_azr.models.cache import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, file_lock
+from nemo_azr.models.importer import PRESETS, ensure_preset
 from nemo_azr.models.tokenizer_build import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -109,16 +107,6 @@ def _is_complete(folder: Path) -> bool:
     return (folder / MARKER_FILE).is_file()
 
 
-@contextmanager
-def _file_lock(lock_path: Path) -> Iterator[None]:
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file is closed, even on a crash
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_tiny_model(cfg: TinyModelConfig) -> Path:
     """Return the tiny model's folder, building it first if no finished build is cached."""
     target = tiny_model_dir(cfg)
@@ -129,7 +117,7 @@ def ensure_tiny_model(cfg: TinyModelConfig) -> Path:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ConfigError(f"cannot create the tiny-model cache folder {str(root)!r}: {exc}") from exc
-    with _file_lock(root / f".{target.name}.lock"):
+    with file_lock(root / f".{target.name}.lock"):
         if _is_complete(target):  # another process finished it while we waited
             return target
         # We hold the lock, so any temp folder for this key is a dead build's leftover.

@@ -9,9 +9,6 @@ test_megatron_parallel.py; the weight round trip at TP=3 x PP=2: tests/unit/test
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,12 +23,12 @@ from nemo_azr.trainer.trainer import Trainer  # noqa: E402
 from tests.integration.test_megatron_parallel import GQA_TINY  # noqa: E402
 from tests.integration.test_megatron_train import (  # noqa: E402
     ATOL,
-    LAYOUTS_WORKER,
     assert_step_matches,
     fixed_batch,
     hf_weights,
     one_step,
     overrides,
+    run_layouts_worker,
 )
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
@@ -39,11 +36,6 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 #: 9 query heads in 3 groups of 3 (head dim 8), tied embeddings (the tiny model's default).
 GQA = [f"model.tiny.{key}={value}" for key, value in GQA_TINY.items()]
 SFT_STEPS = 40
-#: Adam's eps above float noise for the step comparison: at eps=1e-8 the first step is ~lr * sign(grad),
-#: so gradients near zero turn 1e-9 differences of the TP reductions into 1e-5 weight differences
-#: (the loss and grad norm are compared as well, so this hides no gradient error).
-STEP_EPS = "optim.eps=1e-4"
-TIMEOUT_S = 300
 PROMPT = "What is 3 + 5?"
 
 
@@ -76,9 +68,7 @@ def gqa_warm_model(tiny_cache, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def hf_gqa_step(gqa_warm_model, tiny_cache, tmp_path_factory):
     out = tmp_path_factory.mktemp("gqa_hf")
-    cfg = load_config(
-        gqa_overrides(tiny_cache, out, "model.backend=hf", f"model.path={gqa_warm_model}", STEP_EPS)
-    )
+    cfg = load_config(gqa_overrides(tiny_cache, out, "model.backend=hf", f"model.path={gqa_warm_model}"))
     trainer, metrics = one_step(cfg)
     return metrics, hf_weights(trainer)
 
@@ -93,23 +83,13 @@ def tp3_run(gqa_warm_model, tiny_cache, tmp_path_factory) -> Path:
     tp3 = "parallel=tp3pp1"
     spec = {
         "overrides": gqa_overrides(tiny_cache, out, "model.backend=megatron", f"model.path={gqa_warm_model}"),
-        "steps": {"tp3": [tp3, STEP_EPS]},
+        "steps": {"tp3": [tp3]},  # Adam eps 1e-4 comes with overrides()
         "parity": ["tp3"],  # the loaded model, before the step
         "batch_file": str(out / "batch.pt"),
         "logits_ids_file": str(out / "ids.pt"),
         "convert": [["convert", "hf-to-megatron", str(gqa_warm_model), str(out / "mg"), tp3]],
     }
-    (out / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=3"]
-    proc = subprocess.run(
-        [*cmd, str(LAYOUTS_WORKER), str(out), str(out / "spec.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_layouts_worker(out, spec, nproc=3)
     return out
 
 

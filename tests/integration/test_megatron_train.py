@@ -193,9 +193,15 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
         "reshard_layouts": ["tp1pp1", "tp1pp2", "tp2pp1"],
         "batch_file": str(out / "batch.pt"),
     }
+    run_layouts_worker(out, spec, nproc=2)
+    return out
+
+
+def run_layouts_worker(out: Path, spec: dict, *, nproc: int) -> None:
+    """One torchrun launch of megatron_layouts_worker.py with ``spec`` (written to ``out/spec.json``)."""
     (out / "spec.json").write_text(json.dumps(spec))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     proc = subprocess.run(
         [*cmd, str(LAYOUTS_WORKER), str(out), str(out / "spec.json")],
         env=env,
@@ -204,7 +210,6 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
         timeout=TIMEOUT_S,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
 
 
 @pytest.mark.parametrize("extra,name", [(extra, name) for _, extra, name in STEP_VARIANTS], ids=str)
