@@ -242,7 +242,9 @@ def write_report(results: dict, meta: dict) -> None:
     lines = [
         "# Real model: SmolLM2-135M-Instruct, before and after training",
         "",
-        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB; CPU only, fp32, 2 torch threads.  ",
+        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB; CPU only, 2 torch threads; "
+        "fp32 weights and optimizer, the decoder's forward/backward and the rollout in bf16 (the experiments' "
+        "`model.autocast_dtype` / `generation.dtype`, docs/real_model.md).  ",
         "Command per experiment: `.venv/bin/python benchmarks/real_model.py --experiment NAME` "
         "(eval of the untrained model, training, eval of the final checkpoint; see its docstring).  ",
         "Evaluation: `nemo-azr eval`, greedy, on the experiment's held-out split (`data.eval_size`, never "
