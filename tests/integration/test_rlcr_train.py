@@ -68,6 +68,13 @@ def test_experiment_trains_and_evaluates(experiment, tiny_cache, tmp_path, capsy
     assert {"ece", "brier", "auroc", "accuracy", "mean_confidence", "answer_accuracy", "bins"} <= set(metrics)
     assert len(metrics["bins"]) == 10
     assert (out / "eval" / "reliability.png").read_bytes()[:4] == b"\x89PNG"
+    # greedy (the default elsewhere): one answer and one confidence per held-out prompt, every reply kept
+    assert main([*eval_args, "eval.greedy=true", f"eval.output_dir={out}/greedy"]) == 0
+    greedy = json.loads((out / "greedy" / "metrics.json").read_text())
+    assert greedy["greedy"] is True and greedy["num_answers"] == greedy["num_confidences"] == 4
+    rows = [json.loads(line) for line in (out / "greedy" / "samples.jsonl").read_text().splitlines()]
+    confidence_rows = 4 if experiment == "rlcr_two_turn" else 0  # the single turn states both in one reply
+    assert sorted(r["sample_type"] for r in rows) == ["answer"] * 4 + ["confidence"] * confidence_rows
 
 
 def test_eval_without_checkpoint_is_a_clear_error(tiny_cache, tmp_path, capsys):
