@@ -37,6 +37,7 @@ setup(
             "megatron-core>=0.16; python_version >= '3.10'",
             "psutil",
             "gguf>=0.10",  # import-model tests write and read a tiny GGUF
+            "accelerate",  # transformers loads GGUF files only with accelerate installed
         ],
         "dev": ["pytest>=8", "ruff", "matplotlib"],
         "gpu": ["megatron-core>=0.16", "transformer-engine", "tensorrt-llm", "triton"],

