@@ -123,7 +123,9 @@ def _load(source: Source, dtype_name: str):
     else:
         missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
         if missing:  # transformers reads (and dequantizes) a GGUF file only with both installed
-            raise ConfigError(f"reading GGUF files needs {' and '.join(missing)}: pip install -e \".[smollm2]\"")
+            raise ConfigError(
+                f'reading GGUF files needs {" and ".join(missing)}: pip install -e ".[smollm2]"'
+            )
         folder, kwargs = source.path.parent, {"gguf_file": source.path.name}
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)

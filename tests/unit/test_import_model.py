@@ -102,7 +102,9 @@ def test_missing_preset_package_names_the_install_command(monkeypatch):
 def test_gguf_without_accelerate_names_the_install_command(tiny_gguf, tmp_path, monkeypatch):
     real_find_spec = importer.importlib.util.find_spec
     monkeypatch.setattr(
-        importer.importlib.util, "find_spec", lambda name: None if name == "accelerate" else real_find_spec(name)
+        importer.importlib.util,
+        "find_spec",
+        lambda name: None if name == "accelerate" else real_find_spec(name),
     )
     with pytest.raises(ConfigError, match=r"needs accelerate: pip install -e \"\.\[smollm2\]\""):
         import_model(str(tiny_gguf), tmp_path / "m")
