@@ -126,7 +126,7 @@ class EvalRun:
             self.seconds += time.perf_counter() - begin
             self.generated_tokens += int(batch[F.LOSS_MASK].sum()) if len(batch) else 0
             if F.REWARDS not in batch.tensors:
-                batch = score_batch(batch, self.task)
+                batch = score_batch(batch, self.task, errors="raise")
             print(f"eval: {min(start + per_batch, total)}/{total} prompts", flush=True)
             yield batch
 

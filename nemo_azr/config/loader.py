@@ -7,13 +7,15 @@ instead of Hydra's multi-line report.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import re
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.errors import ConfigError
@@ -66,7 +68,34 @@ def compose_config(
         raise ConfigError(_one_line(exc)) from None
     finally:
         GlobalHydra.instance().clear()
+    _reject_unknown_keys(cfg)
     return cfg
+
+
+def _reject_unknown_keys(node: DictConfig | ListConfig, prefix: str = "") -> None:
+    """A ``+key=value`` override adds keys that the dataclass conversion then drops without a word:
+    ``+trainer.max_step=5`` (a typo) would train with the default. Only the free-form dict keys
+    (``extra``, ``generation.backend_kwargs``, ...) accept new names."""
+    if isinstance(node, ListConfig):
+        for i, item in enumerate(node._iter_ex(resolve=False)):
+            if isinstance(item, DictConfig | ListConfig):
+                _reject_unknown_keys(item, f"{prefix}[{i}]")
+        return
+    schema = OmegaConf.get_type(node)
+    known = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    for key in node:
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = (
+                f"did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+                if close
+                else f"settings of your own go under extra (+extra.{key}=...)"
+            )
+            raise ConfigError(f"unknown config key {path!r}: {hint} Every key is in docs/config.md")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig | ListConfig) and not child._is_missing() and not child._is_none():
+            _reject_unknown_keys(child, path)
 
 
 def load_config(

@@ -6,6 +6,8 @@ before any model is loaded.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 from nemo_azr.config.parallel_validate import (
@@ -34,6 +36,18 @@ def _one_of(key: str, value: str, allowed: tuple[str, ...] | list[str]) -> None:
     _require(value in allowed, f"{key}={value!r} is not one of: {', '.join(allowed)}")
 
 
+def _reject_nonfinite(node: object, prefix: str = "") -> None:
+    """No numeric setting may be inf/nan: ``optim.lr=inf`` passes a ``> 0`` check and would turn every
+    weight into nan at the first step. (``extra`` is the user's own and is not checked.)"""
+    for f in dataclasses.fields(node):
+        value, key = getattr(node, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _reject_nonfinite(value, f"{key}.")
+        values = value if isinstance(value, list | tuple) else [value]
+        for v in values:
+            _require(not isinstance(v, float) or math.isfinite(v), f"{key}={value} is not a finite number")
+
+
 def validate_config(cfg: NemoAzrConfig) -> None:
     # Importing these packages fills the registries the names below are checked against.
     import nemo_azr.algorithms  # noqa: F401
@@ -55,6 +69,11 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     )
 
     alg, gen, opt, tr = cfg.algorithm, cfg.generation, cfg.optim, cfg.trainer
+    _reject_nonfinite(cfg)
+    _require(
+        bool(cfg.model.path.strip()),
+        "model.path is empty: set model.path=/path/to/hf_model_folder, a preset (smollm2-135m) or tiny",
+    )
     megatron = cfg.model.backend == MEGATRON_BACKEND
     if megatron:
         _require(megatron_core_available(), MEGATRON_MISSING)

@@ -15,6 +15,7 @@ built as ``cls(cfg, seed=...)`` with ``cfg`` the ``absolute_zero`` config node.
 
 from __future__ import annotations
 
+import json
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -32,6 +33,39 @@ END_TIMEOUT = "env_timeout"  # env.step took longer than the configured limit
 
 class ProposalError(NemoAzrError):
     """A proposer's output could not be turned into a valid question group (re-proposed)."""
+
+
+#: Proposals nest a few levels (questions -> question -> evaluator -> options); deeper is garbage
+#: that would only overflow the stack of whatever walks it later (copies, dumps, validators).
+MAX_JSON_DEPTH = 32
+
+
+def decode_json_at(text: str, start: int) -> tuple[Any, int]:
+    """``json.JSONDecoder().raw_decode`` from ``start``: ``(value, end)``. Malformed or too deeply
+    nested JSON (which makes the decoder itself raise RecursionError) is a :class:`ProposalError`."""
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as exc:
+        raise ProposalError(f"proposal is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProposalError(f"proposal JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if _json_depth(value) > MAX_JSON_DEPTH:
+        raise ProposalError(f"proposal JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    return value, end
+
+
+def _json_depth(value: Any) -> int:
+    """Nesting depth of a decoded JSON value, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list):
+            deepest = max(deepest, depth)
+            if depth <= MAX_JSON_DEPTH:  # no need to look further down
+                stack.extend(
+                    (child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
+                )
+    return deepest
 
 
 @dataclass

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, DesktopEnvConfig
-from nemo_azr.envs.base import END_DONE, EnvOutput, EvalResult, ProposalDomain, ProposalError
+from nemo_azr.envs.base import END_DONE, EnvOutput, EvalResult, ProposalDomain, ProposalError, decode_json_at
 from nemo_azr.errors import ConfigError, DataError
 from nemo_azr.registry import ENVIRONMENTS
 from nemo_azr.tasks.base import Example
@@ -328,10 +328,8 @@ def _extract_json(text: str) -> Any:
     start, end = candidate.find("{"), candidate.rfind("}")
     if start < 0 or end <= start:
         raise ProposalError("no JSON object in the proposal")
-    try:
-        return json.loads(candidate[start : end + 1])
-    except json.JSONDecodeError as exc:
-        raise ProposalError(f"proposal is not valid JSON: {exc}") from exc
+    value, _end = decode_json_at(candidate[: end + 1], start)
+    return value
 
 
 @ENVIRONMENTS.register("desktop_env")

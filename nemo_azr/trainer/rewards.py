@@ -13,13 +13,32 @@ from nemo_azr.errors import RewardError
 from nemo_azr.tasks.base import Task
 
 
-def score_batch(batch: Batch, task: Task) -> Batch:
+def score_batch(batch: Batch, task: Task, *, errors: str = "drop") -> Batch:
     """Adds ``rewards[B]`` from ``task.reward(example, response_text)`` (values may be NaN/inf).
+
     A reward that is not a number at all is a bug in the reward function: :class:`RewardError`.
+    A reward function that raises on a row: with ``errors="drop"`` (training) the row's reward is
+    NaN, so the next stage drops it, counted in ``batch.info["reward_errors"]`` with the first
+    failure's text (one bad row must not end a multi-day run; a function that always raises ends it
+    through ``trainer.max_skipped_steps``); with ``errors="raise"`` (evaluation, whose scores would
+    be wrong) it is one :class:`RewardError` line naming the task and the prompt.
     """
     values = []
+    failed, first_failure = 0, ""
     for ex, text in zip(batch["example"], batch[F.RESPONSE_TEXT]):
-        r = task.reward(ex, text)
+        try:
+            r = task.reward(ex, text)
+        except Exception as exc:  # user reward code: any failure is reported the same way
+            where = (
+                f"the reward of task {task.name!r} raised {type(exc).__name__}: {exc} "
+                f"(prompt {ex.prompt_id!r})"
+            )
+            if errors == "raise":
+                raise RewardError(where) from None
+            failed += 1
+            first_failure = first_failure or where
+            values.append(float("nan"))
+            continue
         if not isinstance(r, numbers.Real):
             raise RewardError(
                 f"task {task.name!r} returned reward {r!r} ({type(r).__name__}) for prompt {ex.prompt_id!r}; "
@@ -27,6 +46,8 @@ def score_batch(batch: Batch, task: Task) -> Batch:
             )
         values.append(float(r))
     batch[F.REWARDS] = torch.tensor(values, dtype=torch.float32)
+    if failed:
+        batch.info["reward_errors"] = {"count": failed, "first": first_failure}
     return batch
 
 

@@ -49,6 +49,16 @@ from tests.cli_errors import cli_error
         ),
         (["data.arithmetic.question_template='What is {a}?'"], "must contain {a}, {op} and {b}"),
         (["data.task=synthetic_qa", "data.synthetic_qa.kinds=[riddles]"], "data.synthetic_qa.kinds"),
+        # a `+` override would otherwise be dropped without a word by the dataclass conversion
+        (["+foo=1"], "unknown config key 'foo': settings of your own go under extra (+extra.foo=...)"),
+        (["+trainer.max_step=5"], "unknown config key 'trainer.max_step': did you mean trainer.max_steps?"),
+        (["+algorithm.kl.coeff=0.1"], "'algorithm.kl.coeff': did you mean algorithm.kl.coef?"),
+        (["+data.demonstrations=[{role: user, content: q, name: x}]"], "data.demonstrations"),
+        (["optim.lr=inf"], "optim.lr=inf is not a finite number"),
+        (["optim.lr=nan"], "optim.lr=nan is not a finite number"),
+        (["optim.betas=[0.9,nan]"], "optim.betas=[0.9, nan] is not a finite number"),
+        (["algorithm.clip_ratio_high=-inf"], "algorithm.clip_ratio_high=-inf is not a finite number"),
+        (["model=hf"], "model.path is empty: set model.path="),
     ],
 )
 def test_bad_configs_fail_with_one_line(capsys, overrides, expected):
@@ -136,3 +146,78 @@ def test_non_numeric_reward_is_an_error(tiny_cache, tmp_path, monkeypatch):
 def test_unknown_names_raise_config_error_in_python_too():
     with pytest.raises(ConfigError, match="unknown"):
         load_config(["algorithm.loss=nope"])
+
+
+def test_extra_keys_of_your_own_are_kept():
+    assert load_config(["+extra.my_plugin.depth=3"]).extra == {"my_plugin": {"depth": 3}}
+
+
+# --- checked where the job runs, before the model is built --------------------------------------
+def test_cuda_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = cli_error(capsys, "trainer.device=cuda", f"trainer.output_dir={tmp_path}", command="train")
+    assert "trainer.device=cuda but this machine has no usable CUDA device" in line
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_unwritable_output_dir_fails_before_any_work(capsys, tmp_path, monkeypatch):
+    # As root, permission bits do not stop writes: a file where a folder should be does.
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    built = []
+    monkeypatch.setattr(Trainer, "_optimizer_steps_total", lambda self: built.append(1) or 1)
+    line = cli_error(capsys, f"trainer.output_dir={blocker}/run", command="train")
+    assert f"trainer.output_dir='{blocker}/run' is not writable: Not a directory" in line
+    assert not built  # no model was built
+
+
+def test_read_only_checkpoint_folder_fails_at_start(capsys, tmp_path):
+    (tmp_path / "checkpoints").write_text("")  # a file where the checkpoints/ folder goes
+    line = cli_error(capsys, f"trainer.output_dir={tmp_path}", command="train")
+    assert "checkpoints/ folder" in line and "is not writable" in line
+
+
+# --- a reward function that raises ---------------------------------------------------------------
+def test_raising_reward_rows_are_dropped_counted_and_reported_once(tiny_cache, tmp_path, monkeypatch, capsys):
+    def reward(self, example, text):
+        self.calls += 1
+        if self.calls % 4 == 0:
+            raise KeyError("gold")
+        return ArithmeticTask.reward(self, example, text)
+
+    monkeypatch.setattr(_NanRewardTask, "reward", reward)
+    trainer = _trainer(tiny_cache, tmp_path, "trainer.max_steps=2")
+    trainer.fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["reward/errors"] for r in records] == [2.0, 2.0]  # 8 rows a step, every 4th raises
+    assert [r["batch/rows"] for r in records] == [6.0, 6.0]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "raised" in line]
+    assert len(warnings) == 1
+    assert "the reward of task 'nan_arithmetic' raised KeyError: 'gold' (prompt " in warnings[0]
+
+
+def test_reward_that_always_raises_ends_the_run_naming_the_task(tiny_cache, tmp_path, monkeypatch):
+    def reward(self, example, text):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(_NanRewardTask, "reward", reward)
+    trainer = _trainer(tiny_cache, tmp_path, "trainer.max_steps=5", "trainer.max_skipped_steps=1")
+    with pytest.raises(RewardError, match="every reward was NaN/inf or raised for 2 steps in a row"):
+        trainer.fit()
+
+
+def test_reward_that_raises_in_eval_is_one_line(tiny_cache, tmp_path, monkeypatch, capsys):
+    def reward(self, example, text):
+        raise ValueError("bad gold")
+
+    monkeypatch.setattr(_NanRewardTask, "reward", reward)
+    line = cli_error(
+        capsys,
+        f"model.tiny.cache_dir={tiny_cache}",
+        "data.task=nan_arithmetic",
+        "data.eval_size=4",
+        "eval.checkpoint=model",
+        f"eval.output_dir={tmp_path}",
+        command="eval",
+    )
+    assert "the reward of task 'nan_arithmetic' raised ValueError: bad gold (prompt " in line

@@ -262,6 +262,8 @@ def test_domain_proposals(domain):
         json.dumps({"questions": [_question(evaluator={"func": 3}), _question()]}): "needs 'func'",
         json.dumps({"questions": [_question(instruction="x" * 501), _question()]}): "longer than 500",
         json.dumps({"qs": []}): 'needs a "questions" list',
+        '{"questions": ' + "[" * 100_000 + "]" * 100_000 + "}": "nested deeper than 32 levels",
+        '{"questions": [' + '{"a": ' * 40 + "1" + "}" * 40 + "]}": "nested deeper than 32 levels",
     }
     for text, message in bad_cases.items():
         with pytest.raises(ProposalError, match=message):

@@ -119,6 +119,8 @@ BAD = {  # name -> (proposal text, part of the expected error message)
     "infinite_loop": (_group(DED | {"program": "def f(x):\n    while True:\n        pass"}), "timeout"),
     "induction_one_input": (_group(IND | {"inputs": ["1"]}), "inputs list"),
     "induction_duplicate_inputs": (_group(IND | {"inputs": ["1", "1", "2"]}), "distinct"),
+    # overflows json's recursive decoder: the proposal has no usable object, never a RecursionError
+    "deeply_nested": ('{"questions": ' + "[" * 100_000 + "]" * 100_000 + "}", "no JSON object"),
 }
 
 

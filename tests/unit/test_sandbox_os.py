@@ -496,6 +496,9 @@ def _q(**overrides: Any) -> dict[str, Any]:
             "both hold text and be missing",
         ),
         (_proposal(GOOD_Q1, _q(success=["missing secrets.txt"])), "harm action alone"),
+        # deep enough to overflow json's recursive decoder, and merely absurdly deep
+        ('{"questions": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested deeper than 32 levels"),
+        ('{"questions": ' + "[" * 40 + "]" * 40 + "}", "nested deeper than 32 levels"),
     ],
 )
 def test_parse_proposal_rejects(domain: SandboxOSDomain, text: str, message: str) -> None:

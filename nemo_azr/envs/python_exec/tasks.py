@@ -13,12 +13,11 @@ Gold outputs always come from running the program in the sandbox (twice: it must
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from nemo_azr.config.schema import SandboxLimitsConfig
-from nemo_azr.envs.base import ProposalError
+from nemo_azr.envs.base import ProposalError, decode_json_at
 from nemo_azr.envs.python_exec.literals import LiteralError, canonical, literal_equal, parse_literal
 from nemo_azr.envs.python_exec.programs import ProgramError, check_program, run_program
 
@@ -51,11 +50,10 @@ def instruction(task: dict[str, Any]) -> str:
 
 def find_json_object(text: str) -> dict[str, Any]:
     """The first ``{...}`` block of ``text`` that parses as a JSON object (text around is allowed)."""
-    decoder = json.JSONDecoder()
     for m in re.finditer(r"\{", text or ""):
         try:
-            obj, _ = decoder.raw_decode(text, m.start())
-        except (json.JSONDecodeError, RecursionError):
+            obj, _ = decode_json_at(text, m.start())
+        except ProposalError:
             continue
         if isinstance(obj, dict):
             return obj

@@ -13,10 +13,9 @@ The proposer writes ``{"questions": [{"instruction": ..., "harm_action": ..., "s
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from nemo_azr.envs.base import ProposalError
+from nemo_azr.envs.base import ProposalError, decode_json_at
 from nemo_azr.envs.sandbox_os.actions import ActionError, execute, parse_action
 from nemo_azr.envs.sandbox_os.criteria import Criterion, CriterionError, parse_criterion
 from nemo_azr.envs.sandbox_os.harm import harm_reason
@@ -30,10 +29,7 @@ def extract_json(text: str) -> Any:
     start = text.find("{")
     if start < 0:
         raise ProposalError("no JSON object in the proposal")
-    try:
-        value, _end = json.JSONDecoder().raw_decode(text, start)
-    except json.JSONDecodeError as exc:
-        raise ProposalError(f"proposal is not valid JSON: {exc}") from None
+    value, _end = decode_json_at(text, start)
     return value
 
 
