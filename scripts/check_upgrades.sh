@@ -19,7 +19,7 @@ torch_pin=$(grep -E '^torch==' constraints.txt | cut -d= -f3)
 # torch stays at the pinned CPU build: a torch upgrade is its own decision (CPU wheel on disk, CUDA images).
 PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv" bash -c '
   set -euo pipefail
-  pip install --quiet --disable-pip-version-check --no-index "torch=='"$torch_pin"'+cpu" 2>/dev/null ||
+  pip install --quiet --disable-pip-version-check "torch=='"$torch_pin"'+cpu" 2>/dev/null ||
     pip install --quiet --disable-pip-version-check "torch=='"$torch_pin"'+cpu" \
       --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" --extra-index-url https://pypi.org/simple
   pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test,smollm2,dev]"

@@ -16,10 +16,11 @@ if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi
 . .venv/bin/activate
-# The CPU build of torch first and pinned: PyPI's torch is the multi-GB CUDA build. A wheel already on
-# this machine (pip's find-links) is used as is; otherwise it comes from the CPU index.
+# The CPU build of torch first and pinned: PyPI's torch is the multi-GB CUDA build. Where pip's own
+# configuration already finds the +cpu wheel (a find-links folder, a mirror) it is used as is;
+# otherwise (PyPI has no +cpu versions, so this fails fast) it comes from the CPU index.
 if ! python -c "import torch" 2>/dev/null; then
-  if ! pip install "${pip_quiet[@]}" --no-index "torch==${torch_version}+cpu" 2>/dev/null; then
+  if ! pip install "${pip_quiet[@]}" "torch==${torch_version}+cpu" 2>/dev/null; then
     echo "setup_env: installing torch ${torch_version}+cpu from ${torch_index}"
     pip install "${pip_quiet[@]}" "torch==${torch_version}+cpu" --index-url "$torch_index" \
       --extra-index-url https://pypi.org/simple
