@@ -25,5 +25,9 @@ class CheckpointError(NemoAzrError):
     """A checkpoint is missing, incomplete or was written for another model shape."""
 
 
+class CheckpointDamagedError(CheckpointError):
+    """A published checkpoint whose files do not match its manifest, or cannot be read."""
+
+
 class RewardError(NemoAzrError):
     """A reward function returned something unusable (NaN/inf, wrong length)."""

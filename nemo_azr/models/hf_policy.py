@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
@@ -22,7 +23,7 @@ from nemo_azr.algorithms.objective import policy_objective
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
+from nemo_azr.errors import BatchContractError, CheckpointDamagedError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
@@ -243,11 +244,22 @@ class HFPolicy(PPOUpdateMixin):
             raise CheckpointError(f"{folder} has no model/model.safetensors")
         try:
             load_model(self.model, str(weights), strict=True, device=str(self.device))
+        except SafetensorError as exc:
+            raise CheckpointDamagedError(
+                f"checkpoint {folder}: model/model.safetensors is unreadable ({str(exc).splitlines()[0]})"
+            ) from None
         except RuntimeError as exc:
             raise CheckpointError(
                 f"checkpoint {folder} does not fit this model (another model shape?): {str(exc).splitlines()[0]}"
             ) from None
         if self.optimizer is not None:
-            state = torch.load(folder / "optimizer.pt", weights_only=False)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
+            try:
+                state = torch.load(folder / "optimizer.pt", weights_only=False)
+                optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
+            except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a damaged file
+                raise CheckpointDamagedError(
+                    f"checkpoint {folder}: optimizer.pt is unreadable ({type(exc).__name__}: "
+                    f"{(str(exc).splitlines() or [''])[0]})"
+                ) from None
+            self.optimizer.load_state_dict(optimizer_state)
+            self.scheduler.load_state_dict(scheduler_state)

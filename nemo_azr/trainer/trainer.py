@@ -25,14 +25,14 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
-from nemo_azr.errors import CheckpointError, ConfigError, RewardError
+from nemo_azr.errors import CheckpointDamagedError, CheckpointError, ConfigError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
-from nemo_azr.trainer.checkpoint import Checkpointer, checkpoint_step, resolve_resume
+from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.preemption import PreemptionFlag
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
@@ -52,6 +52,7 @@ class TrainerState:
     skipped_steps: int = 0
     consecutive_skips: int = 0
     loader: dict = field(default_factory=dict)
+    resume_fallbacks: int = 0  # damaged checkpoints trainer.resume=auto skipped on the way to this state
 
 
 @dataclass
@@ -194,14 +195,33 @@ class Trainer:
             self.policy.finalize_saves(blocking=blocking)
 
     def load_checkpoint(self, folder: Path) -> None:
+        """Load a checkpoint (``fit`` verifies it against its manifest first). A file that cannot
+        be read raises :class:`CheckpointDamagedError` naming it, not torch's or json's error."""
         self._check_model_shape(folder)
         self.policy.load(folder)
-        state = json.loads((folder / "trainer_state.json").read_text())
-        self.state = TrainerState(**state)
+        self.state = _read_checkpoint_file(
+            folder, "trainer_state.json", lambda p: TrainerState(**json.loads(p.read_text()))
+        )
         if self.state.step != checkpoint_step(folder):
             raise CheckpointError(f"{folder}: trainer_state.json says step {self.state.step}")
         self.loader.load_state_dict(self.state.loader)
-        set_rng_state(torch.load(folder / "rng.pt", weights_only=False))
+        _read_checkpoint_file(folder, "rng.pt", lambda p: set_rng_state(torch.load(p, weights_only=False)))
+
+    def _plan_resume(self) -> ResumePlan:
+        """:func:`plan_resume` on rank 0, shared with every rank (all must load the same folder)."""
+        root = self.output_dir / CHECKPOINT_DIR
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return plan_resume(self.cfg.trainer.resume, root)
+        box: list = [None]
+        if is_main_process():
+            try:
+                box[0] = plan_resume(self.cfg.trainer.resume, root)
+            except CheckpointError as exc:
+                box[0] = exc
+        dist.broadcast_object_list(box, src=0)
+        if isinstance(box[0], CheckpointError):
+            raise box[0]
+        return box[0]
 
     def _check_model_shape(self, folder: Path) -> None:
         cfg_file = folder / "model" / "config.json"
@@ -379,10 +399,12 @@ class Trainer:
     # --- the loop --------------------------------------------------------------------------------
     def fit(self) -> FitResult:
         cfg = self.cfg
-        resume = resolve_resume(cfg.trainer.resume, self.output_dir / CHECKPOINT_DIR)
-        logger_msgs = []
+        plan = self._plan_resume()  # verified against its manifest; damaged ones skipped (auto)
+        resume = plan.folder
+        logger_msgs = list(plan.notes)
         if resume is not None:
             self.load_checkpoint(resume)
+            self.state.resume_fallbacks += len(plan.skipped)
             logger_msgs.append(f"resumed from {resume} (step {self.state.step})")
         elif cfg.sft_warmup.steps > 0:
             losses = run_sft_warmup(self.policy, self.task, self.tokenizer, cfg, workflow=self.workflow)
@@ -450,6 +472,19 @@ class Trainer:
             self.preemption.uninstall()
             logger.close()
         return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
+
+
+def _read_checkpoint_file(folder: Path, name: str, read):
+    """``read(folder / name)``, with any error turned into one line naming the file."""
+    try:
+        return read(folder / name)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch.load / json raise many types for a damaged file
+        text = (str(exc).strip().splitlines() or [""])[0]
+        raise CheckpointDamagedError(
+            f"checkpoint {folder}: {name} is unreadable ({type(exc).__name__}: {text})"
+        ) from None
 
 
 def peak_rss_gb() -> float:
