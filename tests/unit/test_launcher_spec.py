@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -21,6 +22,33 @@ def partitions(monkeypatch):
     return known
 
 
+# A cluster that answers on this machine: every Slurm command records its call; sinfo lists the
+# partitions debug and gpu; sbatch "submits" job 1234; the others succeed silently.
+FAKE_SLURM_COMMAND = """#!/bin/bash
+name=$(basename "$0")
+echo "$name $*" >> "$FAKE_DIR/calls.log"
+case "$name" in
+    sinfo) printf 'debug\\ngpu\\n' ;;
+    sbatch) if [ "$1" = --version ]; then echo "slurm 22.05.8"; else echo 1234; fi ;;
+esac
+exit 0
+"""
+SLURM_COMMANDS = ("sinfo", "sbatch", "squeue", "scontrol", "sacct", "scancel", "srun", "salloc")
+
+
+@pytest.fixture
+def answering_slurm(tmp_path, monkeypatch):
+    """Fake Slurm commands first on PATH; yields the file that lists their calls."""
+    bin_dir = tmp_path / "fake-slurm"
+    bin_dir.mkdir()
+    for name in SLURM_COMMANDS:
+        (bin_dir / name).write_text(FAKE_SLURM_COMMAND)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    return tmp_path / "calls.log"
+
+
 def submit_error(capsys, tmp_path, *overrides: str, flags: tuple[str, ...] = ()) -> str:
     rc = cli.main(["submit", *flags, *overrides, f"cluster.log_dir={tmp_path / 'logs'}", *BASE])
     out, err = capsys.readouterr()
@@ -35,7 +63,6 @@ def submit_error(capsys, tmp_path, *overrides: str, flags: tuple[str, ...] = ())
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["cluster.partition=nope"], "unknown partition cluster.partition='nope'; sinfo lists: debug, gpu"),
         (["cluster.tasks_per_node=2"], "model.backend=hf trains in one process"),
         (
             ["model=megatron", "parallel=tp2pp1", "cluster.tasks_per_node=3"],
@@ -78,11 +105,34 @@ def test_chain_and_sweep_conflicts(capsys, tmp_path, partitions):
     assert "--chain must be >= 1" in submit_error(capsys, tmp_path, flags=("--chain", "0"))
 
 
-def test_known_partition_passes(capsys, tmp_path, partitions):
-    assert (
-        cli.main(["submit", "--dry-run", "cluster.partition=gpu", f"cluster.log_dir={tmp_path}", *BASE]) == 0
-    )
-    assert "#SBATCH --partition=gpu" in capsys.readouterr().out
+def test_unknown_partition_fails_before_submission(capsys, tmp_path, answering_slurm):
+    message = submit_error(capsys, tmp_path, "cluster.partition=nope")
+    assert message.endswith("unknown partition cluster.partition='nope'; sinfo lists: debug, gpu")
+    calls = answering_slurm.read_text().splitlines()
+    assert "sinfo -h -o %R" in calls and not any(c.startswith("sbatch --parsable") for c in calls)
+
+
+def test_known_partition_is_submitted(capsys, tmp_path, answering_slurm):
+    logs = tmp_path / "logs"
+    assert cli.main(["submit", "cluster.partition=gpu", f"cluster.log_dir={logs}", *BASE]) == 0
+    assert capsys.readouterr().out.startswith("submitted job: 1234; logs in ")
+    (folder,) = logs.iterdir()
+    assert "#SBATCH --partition=gpu" in (folder / "job.sbatch").read_text()
+    assert f"sbatch --parsable {folder / 'job.sbatch'}" in answering_slurm.read_text().splitlines()
+
+
+def test_dry_run_for_another_cluster_asks_no_local_slurm(capsys, tmp_path, answering_slurm):
+    """This machine's cluster answers (partitions debug, gpu); the script is for a site whose
+    partition is 'batch'. The dry run prints it and runs no Slurm command at all."""
+    args = ["cluster=gpu_8x", "model=megatron", "parallel=tp2pp1"]
+    assert cli.main(["submit", "--dry-run", *args, f"cluster.log_dir={tmp_path / 'logs'}", *BASE]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and "#SBATCH --partition=batch" in out and "#SBATCH --nodes=2" in out
+    assert not answering_slurm.exists(), answering_slurm.read_text()  # not even sinfo
+    assert not (tmp_path / "logs").exists()
+    # The same without --dry-run asks this machine's sinfo, which does not know 'batch'.
+    assert "sinfo lists: debug, gpu" in submit_error(capsys, tmp_path, *args)
+    assert "sinfo -h -o %R" in answering_slurm.read_text().splitlines()
 
 
 def test_submit_without_sbatch_is_one_line(capsys, tmp_path, monkeypatch):
