@@ -3,7 +3,7 @@
     nemo-azr-launch submit [--dry-run] [--chain N] [-m] OVERRIDE...   # Hydra overrides, cluster.* included
     nemo-azr-launch status [JOBID...]                                 # default: the recent submissions
     nemo-azr-launch logs JOBID [--tail N]
-    nemo-azr-launch cancel JOBID... [--all]
+    nemo-azr-launch cancel JOBID... [--all] [--signal USR1]
 
 User-facing problems print one ``nemo-azr-launch: error: ...`` line and exit with status 2, before
 anything is submitted. ``--dry-run`` runs no Slurm command at all: the script may be for another
@@ -126,8 +126,14 @@ def _cancel(args: argparse.Namespace) -> int:
             folder = records.find_submission(args.log_dir, job_id)
             if folder:
                 ids += [j for j in records.read_submission(folder)["job_ids"] if j not in ids]
-    slurm.cancel(ids, signal=args.signal)
+    refused = slurm.cancel(ids, signal=args.signal)
     print(("signalled " if args.signal else "cancelled ") + " ".join(ids))
+    for job_id, why in refused.items():
+        print(
+            f"nemo-azr-launch: warning: could not set Requeue=0 on job {job_id} ({why}); "
+            "if it was still running, it may requeue itself after its checkpoint",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -153,7 +159,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, fn, help_text in (
         ("status", _status, "job states (sacct, else squeue / jobcomp file / scontrol)"),
         ("logs", _logs, "print a job's Slurm output"),
-        ("cancel", _cancel, "cancel (or signal) jobs"),
+        ("cancel", _cancel, "cancel jobs for good (no requeue), or signal them"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name == "logs":
@@ -166,7 +172,9 @@ def _parser() -> argparse.ArgumentParser:
                 "--all", action="store_true", help="also the other links / tasks of the submission"
             )
             p.add_argument(
-                "--signal", default="", help="send this signal instead (e.g. USR1: checkpoint + requeue)"
+                "--signal",
+                default="",
+                help="send this signal to the batch shell instead (e.g. USR1: checkpoint + requeue)",
             )
         p.add_argument("--log-dir", default=DEFAULT_LOG_DIR, help="cluster.log_dir of the submissions")
         p.set_defaults(fn=fn)

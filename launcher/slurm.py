@@ -68,14 +68,40 @@ def sbatch_command(script: Path, *, dependency: str = "") -> list[str]:
     return ["sbatch", "--parsable", *([f"--dependency={dependency}"] if dependency else []), str(script)]
 
 
-def cancel(job_ids: list[str], *, signal: str = "") -> None:
-    # A signal goes to the batch shell (as --signal=B:USR1 does), whose trap forwards it to the ranks.
+def forbid_requeue(job_ids: list[str]) -> dict[str, str]:
+    """``scontrol update JobId=ID Requeue=0`` for each job; returns {job id: error} for those refused.
+
+    A running job gets the same SIGTERM from ``scancel`` as from a preemption, checkpoints, exits 75
+    and reads COMPLETING either way, so its batch script cannot tell a cancel from a preemption by
+    the signal or the state. Requeue=0 tells it: the script does not requeue such a job (and Slurm
+    itself refuses ``scontrol requeue`` for it). An array job id updates every task. Refused for a
+    job that has finished or that the controller does not know, which need no mark.
+    """
+    refused = {}
+    for job_id in job_ids:
+        r = run(["scontrol", "update", f"JobId={job_id}", "Requeue=0"])
+        if r is None:
+            raise LaunchError("scontrol not found: run this on a Slurm login node")
+        if r.returncode != 0:
+            refused[job_id] = _first_line(r.stderr or r.stdout)
+    return refused
+
+
+def cancel(job_ids: list[str], *, signal: str = "") -> dict[str, str]:
+    """``scancel`` the jobs for good, or send them ``signal`` instead (the preemption path).
+
+    Cancelling marks each job Requeue=0 first (:func:`forbid_requeue`), so a running job checkpoints
+    and ends instead of requeueing itself; returns the jobs that could not be marked. A signal goes
+    to the batch shell (as ``--signal=B:USR1`` does), whose trap forwards it to the ranks.
+    """
+    refused = {} if signal else forbid_requeue(job_ids)
     cmd = ["scancel", *([f"--signal={signal}", "--batch"] if signal else []), *job_ids]
     r = run(cmd)
     if r is None:
         raise LaunchError("scancel not found: run this on a Slurm login node")
     if r.returncode != 0:
         raise LaunchError(f"scancel failed: {_first_line(r.stderr or r.stdout)}")
+    return refused
 
 
 def _matches(job_id: str, array_id: str, wanted: set[str]) -> bool:

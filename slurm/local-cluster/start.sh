@@ -4,17 +4,21 @@
 #   bash slurm/local-cluster/start.sh [STATE_DIR]      # default: $NEMO_AZR_SLURM_DIR or /tmp/nemo-azr-slurm
 #   export SLURM_CONF=STATE_DIR/slurm.conf              # printed on the last line; sbatch/squeue need it
 #
-# Installs slurmctld, slurmd, slurm-client and munge with apt when missing (quiet, idempotent), writes
-# slurm.conf and every state/spool/log/pid file under STATE_DIR, then starts munged (as the munge
-# user, on its own socket), slurmctld and slurmd and waits for the node to be idle. Running it again
-# while the cluster is up only prints the export line. Stop with stop.sh (by pid files).
+# Installs slurmctld, slurmd, slurm-client and munge with apt when missing (quiet, idempotent;
+# NEMO_AZR_SLURM_INSTALL=0 forbids it), writes slurm.conf and every state/spool/log/pid file under
+# STATE_DIR, then starts munged (as the munge user, on its own socket), slurmctld and slurmd and waits
+# for the node to be idle. Partitions: $NEMO_AZR_SLURM_PARTITION (default debug, the default one) and
+# urgent, whose jobs preempt it (PreemptMode=REQUEUE). Running it again while the cluster is up only
+# prints the export line. Stop with stop.sh (by pid files).
 # STATE_DIR and its parents must be readable by the munge user (not a 0700 temp folder).
-# Exit codes: 0 up; 3 the packages are not installed and cannot be (no apt / no network); 1 other.
+# Exit codes: 0 up; 3 the packages are not installed and cannot be (no apt / no network /
+# NEMO_AZR_SLURM_INSTALL=0); 1 other.
 set -euo pipefail
 
 DIR=${1:-${NEMO_AZR_SLURM_DIR:-/tmp/nemo-azr-slurm}}
 PORT=${NEMO_AZR_SLURM_PORT:-6817}  # slurmctld port; slurmd uses PORT+1
 PARTITION=${NEMO_AZR_SLURM_PARTITION:-debug}
+URGENT=urgent  # a partition whose jobs preempt those of $PARTITION
 PACKAGES=(slurmctld slurmd slurm-client munge)
 
 die() { echo "start.sh: $*" >&2; exit "${2:-1}"; }
@@ -22,6 +26,7 @@ die() { echo "start.sh: $*" >&2; exit "${2:-1}"; }
 
 have_binaries() { command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null
 if ! have_binaries; then
+    [ "${NEMO_AZR_SLURM_INSTALL:-1}" = 0 ] && die "slurm is not installed (NEMO_AZR_SLURM_INSTALL=0: not installing it)" 3
     command -v apt-get >/dev/null || die "slurm is not installed and apt-get is missing" 3
     export DEBIAN_FRONTEND=noninteractive
     { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${PACKAGES[@]}"; } \
@@ -80,8 +85,14 @@ AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/log/jobcomp.txt
+# Preemption as many sites run it: a job in the higher tier "$URGENT" preempts jobs of "$PARTITION"
+# on its nodes; they get SIGTERM and Slurm requeues them (GraceTime 0; scontrol update
+# PartitionName=$PARTITION GraceTime=N / PreemptMode=CANCEL try the other set-ups).
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 $NODE NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
+PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=$URGENT Nodes=$HOST MaxTime=INFINITE State=UP PriorityTier=2
 CONF
 
 # Daemons get their stdio redirected: one holding the caller's pipe open would make it wait forever.

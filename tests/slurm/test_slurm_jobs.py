@@ -11,88 +11,20 @@ import json
 import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
 from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
-
-REPO = Path(__file__).resolve().parents[2]
-JOB_TIMEOUT_S = 300
-CLI_TIMEOUT_S = 120
-_SUBMITTED = re.compile(r"^submitted (?:job|chain of \d+|array of \d+): ([\d ]+); logs in (\S+)$", re.M)
-
-
-def launch_cmd(console_script: bool) -> list[str]:
-    """``nemo-azr-launch`` (the console script next to this interpreter) or ``python -m launcher``."""
-    script = Path(sys.executable).with_name("nemo-azr-launch")
-    return [str(script)] if console_script and script.is_file() else [sys.executable, "-m", "launcher"]
-
-
-def launch(*args: str, console_script: bool = False) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*launch_cmd(console_script), *args],
-        cwd=REPO,  # the job's working directory
-        capture_output=True,
-        text=True,
-        timeout=CLI_TIMEOUT_S,
-    )
-
-
-def submit(*args: str, console_script: bool = False) -> tuple[list[str], Path]:
-    r = launch("submit", *args, console_script=console_script)
-    assert r.returncode == 0, r.stderr
-    m = _SUBMITTED.search(r.stdout)
-    assert m, r.stdout
-    return m.group(1).split(), Path(m.group(2))
-
-
-def queued(job_ids: list[str]) -> list[str]:
-    out = subprocess.run(
-        ["squeue", "-h", "-o", "%i|%F|%T"], capture_output=True, text=True, check=True
-    ).stdout
-    rows = [line.split("|") for line in out.splitlines() if line]
-    return [r[0] for r in rows if r[1] in job_ids or r[0] in job_ids]
-
-
-def wait_done(job_ids: list[str], timeout: float = JOB_TIMEOUT_S) -> None:
-    """Until none of the jobs is pending or running (a requeued job stays queued meanwhile)."""
-    deadline = time.monotonic() + timeout
-    while queued(job_ids):
-        assert time.monotonic() < deadline, f"jobs {job_ids} still queued after {timeout} s"
-        time.sleep(1)
-
-
-def states(job_ids: list[str], log_dir: Path) -> dict[str, tuple[str, str]]:
-    r = launch("status", *job_ids, "--log-dir", str(log_dir))
-    assert r.returncode == 0, r.stderr
-    rows = [line.split() for line in r.stdout.splitlines()[1:]]
-    return {row[0]: (row[2], row[3]) for row in rows}
-
-
-def job_log(job_id: str, log_dir: Path) -> str:
-    r = launch("logs", job_id, "--log-dir", str(log_dir))
-    assert r.returncode == 0, r.stderr
-    return r.stdout
-
-
-def tiny_overrides(tiny_cache: str, out: Path, log_dir: Path, *extra: str) -> list[str]:
-    return [
-        "cluster=local",
-        f"cluster.log_dir={log_dir}",
-        f"model.tiny.cache_dir={tiny_cache}",
-        "logger=quiet",
-        f"trainer.output_dir={out}",
-        "data.prompts_per_step=4",
-        "generation.n_samples=4",
-        "trainer.num_threads=1",
-        *extra,
-    ]
-
-
-def comparable(records: list[dict]) -> list[dict]:
-    return without_machine_metrics(records)
+from tests.slurm.jobs import (
+    JOB_TIMEOUT_S,
+    job_log,
+    launch,
+    states,
+    submit,
+    tiny_overrides,
+    wait_done,
+    wait_for_steps,
+)
 
 
 @pytest.mark.slow
@@ -140,10 +72,7 @@ def test_preempted_job_requeues_and_matches_an_uninterrupted_run(slurm_cluster, 
 
     # Signal mid-run, as Slurm does at the time limit minus the margin (--signal=B:USR1@60).
     metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
-        assert time.monotonic() < deadline and queued([job]), job_log(job, logs)
-        time.sleep(0.2)
+    wait_for_steps(metrics, job, logs)
     r = launch("cancel", "--signal", "USR1", job)
     assert r.returncode == 0, r.stderr
     wait_done([job])
@@ -160,8 +89,8 @@ def test_preempted_job_requeues_and_matches_an_uninterrupted_run(slurm_cluster, 
     assert f"completed at step {steps}" in log
 
     assert reference.wait(timeout=JOB_TIMEOUT_S) == 0, reference.stderr.read()
-    a = comparable(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
-    b = comparable(read_metrics(metrics))
+    a = without_machine_metrics(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
+    b = without_machine_metrics(read_metrics(metrics))
     assert [r["step"] for r in b] == list(range(steps))
     assert a == b
     assert any(r["actor/grad_norm"] > 0 for r in a[k:])  # the resumed part really trained
@@ -199,7 +128,10 @@ def test_three_link_chain_resumes_link_to_link(slurm_cluster, tiny_cache, tmp_pa
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["cluster.partition=nope"], "unknown partition cluster.partition='nope'; sinfo lists: debug"),
+        (
+            ["cluster.partition=nope"],
+            "unknown partition cluster.partition='nope'; sinfo lists: debug, urgent",
+        ),
         (
             ["model=megatron", "parallel=tp2pp1", "cluster.tasks_per_node=3"],
             "cluster.nodes=1 x cluster.tasks_per_node=3 = 3 ranks, which tp 2 x pp 1 = 2 does not divide",

@@ -14,15 +14,10 @@ import time
 
 import pytest
 
-from launcher import cli, slurm
+from launcher import cli
 from launcher.render import fill
 
 BASE = ["trainer.max_steps=3", "logger=quiet"]
-
-
-@pytest.fixture(autouse=True)
-def _no_sinfo(monkeypatch):
-    monkeypatch.setattr(slurm, "partitions", lambda: None)  # as on a machine without Slurm
 
 
 def dry_run(capsys, tmp_path, *args: str) -> str:
@@ -141,21 +136,31 @@ def test_fill_rejects_a_slot_without_value():
 
 # --- the rendered script's own logic, with fake srun / scontrol ----------------------------------
 FAKE_SRUN = """#!/bin/bash
-# A "training" that checkpoints and exits 75 on SIGUSR1 (as the trainer does), else exits $FAKE_RC.
+# A "training" that checkpoints and exits 75 on SIGUSR1/SIGTERM (as the trainer does), else $FAKE_RC.
 echo "srun args: $*"
 trap 'echo "rank: got USR1"; exit 75' USR1
+trap 'echo "rank: got TERM"; exit 75' TERM
 touch "$FAKE_DIR/started"
 for _ in $(seq "${FAKE_TICKS:-100}"); do sleep 0.1; done
 exit "${FAKE_RC:-0}"
 """
 FAKE_SCONTROL = """#!/bin/bash
+# `show hostnames`: one node; `-o show job`: the job record in $FAKE_JOB_RECORD; anything else: ok.
 echo "$*" >> "$FAKE_DIR/scontrol.log"
 [ "$1" = show ] && echo node1
+[ "$1 $2 $3" = "-o show job" ] && echo "${FAKE_JOB_RECORD:-}"
 exit 0
 """
 
 
-def run_script(capsys, tmp_path, *args: str, signal_it: bool, env_extra: dict | None = None):
+def run_script(
+    capsys,
+    tmp_path,
+    *args: str,
+    signal_it: bool,
+    env_extra: dict | None = None,
+    signum: int = signal.SIGUSR1,
+):
     script = tmp_path / "job.sbatch"
     script.write_text(script_of(dry_run(capsys, tmp_path, *args)))
     bin_dir = tmp_path / "bin"
@@ -172,7 +177,7 @@ def run_script(capsys, tmp_path, *args: str, signal_it: bool, env_extra: dict | 
         deadline = time.monotonic() + 10
         while not (tmp_path / "started").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1 does
+        proc.send_signal(signum)  # SIGUSR1: what --signal=B:USR1 does; SIGTERM: scancel, preemption
     out, _ = proc.communicate(timeout=30)
     log = tmp_path / "scontrol.log"
     return proc.returncode, out, log.read_text() if log.exists() else ""
@@ -203,3 +208,32 @@ def test_requeue_limit(capsys, tmp_path):
         capsys, tmp_path, "cluster.max_requeues=2", signal_it=True, env_extra={"SLURM_RESTART_COUNT": "2"}
     )
     assert rc == 75 and "requeue" not in scontrol and "cluster.max_requeues" in out
+
+
+RECORD = "JobId=42 JobName=arithmetic_grpo JobState=COMPLETING Reason=None Dependency=(null) "
+
+
+def test_cancelled_job_checkpoints_and_ends_without_requeue(capsys, tmp_path):
+    """scancel after `nemo-azr-launch cancel` set Requeue=0: SIGTERM, checkpoint (75), no requeue."""
+    env = {"FAKE_JOB_RECORD": RECORD + "Requeue=0 Restarts=0 BatchFlag=1"}
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
+    assert "got SIGTERM, forwarding" in out and "rank: got TERM" in out
+    assert "may not requeue (Requeue=0" in out
+    assert "requeue 42" not in scontrol and rc == 75
+
+
+def test_preempted_job_that_slurm_requeued_is_not_requeued_again(capsys, tmp_path):
+    """PreemptMode=REQUEUE: Slurm has requeued the job (Restarts 1 > this run's 0) before it exits 75."""
+    env = {"FAKE_JOB_RECORD": RECORD + "Requeue=1 Restarts=1 BatchFlag=1"}
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
+    assert "Slurm has requeued job 42 (preemption)" in out
+    assert "requeue 42" not in scontrol and rc == 0
+
+
+def test_preempted_job_in_its_grace_time_requeues_itself(capsys, tmp_path):
+    """SIGTERM with the job still requeueable and not requeued by Slurm (GraceTime, PreemptMode=CANCEL,
+    time limit): the script requeues it, as after SIGUSR1."""
+    env = {"FAKE_JOB_RECORD": RECORD.replace("COMPLETING", "RUNNING") + "Requeue=1 Restarts=0 BatchFlag=1"}
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
+    assert "rank: got TERM" in out and "requeueing job 42" in out
+    assert "requeue 42" in scontrol and rc == 0

@@ -1,0 +1,111 @@
+"""Helpers for the tests in this folder: run ``nemo-azr-launch``, follow jobs, read their logs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_TIMEOUT_S = 300
+CLI_TIMEOUT_S = 120
+_SUBMITTED = re.compile(r"^submitted (?:job|chain of \d+|array of \d+): ([\d ]+); logs in (\S+)$", re.M)
+
+
+def launch_cmd(console_script: bool) -> list[str]:
+    """``nemo-azr-launch`` (the console script next to this interpreter) or ``python -m launcher``."""
+    script = Path(sys.executable).with_name("nemo-azr-launch")
+    return [str(script)] if console_script and script.is_file() else [sys.executable, "-m", "launcher"]
+
+
+def launch(*args: str, console_script: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*launch_cmd(console_script), *args],
+        cwd=REPO,  # the job's working directory
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
+
+
+def submit(*args: str, console_script: bool = False) -> tuple[list[str], Path]:
+    r = launch("submit", *args, console_script=console_script)
+    assert r.returncode == 0, r.stderr
+    m = _SUBMITTED.search(r.stdout)
+    assert m, r.stdout
+    return m.group(1).split(), Path(m.group(2))
+
+
+def queued(job_ids: list[str]) -> list[str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i|%F|%T"], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line]
+    return [r[0] for r in rows if r[1] in job_ids or r[0] in job_ids]
+
+
+def wait_done(job_ids: list[str], timeout: float = JOB_TIMEOUT_S) -> None:
+    """Until none of the jobs is pending or running (a requeued job stays queued meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while queued(job_ids):
+        assert time.monotonic() < deadline, f"jobs {job_ids} still queued after {timeout} s"
+        time.sleep(1)
+
+
+def states(job_ids: list[str], log_dir: Path) -> dict[str, tuple[str, str]]:
+    r = launch("status", *job_ids, "--log-dir", str(log_dir))
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()[1:]]
+    return {row[0]: (row[2], row[3]) for row in rows}
+
+
+def job_log(job_id: str, log_dir: Path) -> str:
+    r = launch("logs", job_id, "--log-dir", str(log_dir))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def tiny_overrides(tiny_cache: str, out: Path, log_dir: Path, *extra: str) -> list[str]:
+    return [
+        "cluster=local",
+        f"cluster.log_dir={log_dir}",
+        f"model.tiny.cache_dir={tiny_cache}",
+        "logger=quiet",
+        f"trainer.output_dir={out}",
+        "data.prompts_per_step=4",
+        "generation.n_samples=4",
+        "trainer.num_threads=1",
+        *extra,
+    ]
+
+
+def metric_lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def wait_for_steps(metrics: Path, job: str, log_dir: Path, steps: int = 3) -> None:
+    """Until the job has logged ``steps`` training steps (it is then inside fit())."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while metric_lines(metrics) < steps:
+        assert time.monotonic() < deadline and queued([job]), job_log(job, log_dir)
+        time.sleep(0.2)
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, str]:
+    out = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-o", "%i|%T"], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [line.split("|") for line in out.splitlines() if line]
+    return {r[0]: r[1] for r in rows if r[0] in job_ids}
+
+
+def wait_not_running(job: str, timeout: float = JOB_TIMEOUT_S) -> str:
+    """Until the job is neither running nor completing; returns the state it is in then (PENDING
+    after a requeue, COMPLETED / CANCELLED / ... once done)."""
+    deadline = time.monotonic() + timeout
+    while (state := squeue_states([job]).get(job, "")) in ("RUNNING", "COMPLETING", "CONFIGURING"):
+        assert time.monotonic() < deadline, f"job {job} still {state} after {timeout} s"
+        time.sleep(0.2)
+    return state

@@ -1,0 +1,120 @@
+"""A user's cancel and a preemption, on a real one-node SLURM cluster (started by the module fixture).
+
+Both reach a running job as SIGTERM, and the trainer checkpoints and exits 75 either way; the job
+must then end for good after ``nemo-azr-launch cancel`` and requeue and resume after a preemption
+(a job of the higher-tier partition ``urgent`` taking the node, PreemptMode=REQUEUE or CANCEL).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from nemo_azr.trainer.metrics import read_metrics
+from tests.slurm.jobs import (
+    job_log,
+    launch,
+    queued,
+    states,
+    submit,
+    tiny_overrides,
+    wait_done,
+    wait_for_steps,
+    wait_not_running,
+)
+
+URGENT = "urgent"  # slurm/local-cluster/start.sh: its jobs preempt those of the default partition
+
+
+def complete_checkpoints(out) -> list[int]:
+    folder = out / "checkpoints"
+    return sorted(int(p.name[5:]) for p in folder.glob("step_*") if (p / "COMPLETE").is_file())
+
+
+@pytest.mark.slow
+def test_user_cancel_ends_a_running_job_without_requeue(slurm_cluster, tiny_cache, tmp_path):
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    (job,), _ = submit(*tiny_overrides(tiny_cache, out, logs, "trainer.max_steps=2000", "sft_warmup.steps=0"))
+    wait_for_steps(out / "metrics.jsonl", job, logs)
+
+    r = launch("cancel", job, "--log-dir", str(logs))
+    assert r.returncode == 0 and r.stdout.strip() == f"cancelled {job}", r.stderr
+    # A requeued job would be PENDING here (and run again some seconds later): it must be over.
+    assert wait_not_running(job) == "CANCELLED", job_log(job, logs)
+    assert not queued([job])
+
+    log = job_log(job, logs)
+    assert "got SIGTERM, forwarding" in log  # the same signal a preemption sends ...
+    assert "training exited with status 75" in log  # ... and the same checkpoint-and-exit
+    assert f"job {job} may not requeue (Requeue=0: cancelled with nemo-azr-launch cancel" in log
+    assert "requeueing" not in log and f"job {job} restart 1" not in log
+    assert complete_checkpoints(out), "the cancelled run kept no checkpoint"
+    assert states([job], logs)[job][0] == "CANCELLED"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("preempt_mode", "grace_s", "outcome"),
+    [
+        # The whole job gets SIGTERM and Slurm requeues it; the script must not requeue it again.
+        ("REQUEUE", 0, "Slurm has requeued job {job} (preemption)"),
+        # The ranks get SIGTERM at the start of the grace time and the job is still running (or, in
+        # CANCEL mode, about to be cancelled): the script requeues it itself.
+        ("CANCEL", 10, "checkpoint written; requeueing job {job}"),
+    ],
+)
+def test_preempted_job_requeues_and_resumes(
+    slurm_cluster, tiny_cache, tmp_path, preempt_mode, grace_s, outcome
+):
+    steps = 30
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    partition = "debug"
+    subprocess.run(
+        [
+            "scontrol",
+            "update",
+            f"PartitionName={partition}",
+            f"PreemptMode={preempt_mode}",
+            f"GraceTime={grace_s}",
+        ],
+        check=True,
+    )
+    try:
+        (job,), _ = submit(
+            *tiny_overrides(tiny_cache, out, logs, f"trainer.max_steps={steps}", "sft_warmup.steps=0")
+        )
+        wait_for_steps(out / "metrics.jsonl", job, logs)
+        # A job of the higher tier that needs the whole node: Slurm preempts the training job.
+        urgent = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                f"--partition={URGENT}",
+                "--exclusive",
+                "--output=/dev/null",
+                "--wrap=sleep 1",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        wait_done([job, urgent])
+    finally:
+        subprocess.run(
+            ["scontrol", "update", f"PartitionName={partition}", "PreemptMode=REQUEUE", "GraceTime=0"],
+            check=True,
+        )
+    log = job_log(job, logs)
+    assert states([job], logs)[job] == ("COMPLETED", "0:0"), log
+    assert "training exited with status 75" in log
+    assert outcome.format(job=job) in log, log
+    assert "may not requeue" not in log and "requeue failed" not in log
+    assert f"job {job} restart 1" in log
+
+    m = re.search(rf"^resumed from {re.escape(str(out))}/checkpoints/step_(\d+) \(step \d+\)", log, re.M)
+    assert m, log
+    assert 3 <= int(m.group(1)) < steps
+    assert f"completed at step {steps}" in log
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(steps))
