@@ -1,8 +1,13 @@
 """A one-node SLURM cluster for the tests in this folder (slurm/local-cluster/start.sh, stop.sh).
 
 Each test module gets its own cluster (state folder and ports of its own, so a developer's cluster
-on the default ports is left alone). Skipped only when the machine cannot have one: not root, or
-Slurm missing with no apt-get / no reachable package archive.
+on the default ports is left alone). Running these tests installs nothing unless asked to:
+
+- ``NEMO_AZR_SLURM_TESTS`` unset: they run when Slurm is installed here (``slurmctld``, ``slurmd``,
+  ``sbatch``, ``munged``) and the user is root, and are skipped, with the reason, otherwise;
+- ``NEMO_AZR_SLURM_TESTS=1``: they must run: Slurm is installed with apt when missing, and a cluster
+  that cannot be started is an error, not a skip;
+- ``NEMO_AZR_SLURM_TESTS=0``: skipped.
 """
 
 from __future__ import annotations
@@ -18,8 +23,36 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_DIR = REPO / "slurm" / "local-cluster"
-EXIT_PACKAGES_UNAVAILABLE = 3  # start.sh: slurm not installed and not installable
-START_TIMEOUT_S = 600  # includes a first apt-get install
+REQUEST_ENV = "NEMO_AZR_SLURM_TESTS"
+SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "munged")
+EXIT_PACKAGES_UNAVAILABLE = 3  # start.sh: slurm not installed and not installable (or not allowed to)
+START_TIMEOUT_S = 600  # includes an apt-get install when asked for one
+
+
+def slurm_tests_mode(environ=os.environ) -> str:
+    """``auto`` (unset / empty), ``required`` (1, yes, true) or ``off`` (0, no, false)."""
+    value = environ.get(REQUEST_ENV, "").strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value in ("1", "yes", "true", "required"):
+        return "required"
+    if value in ("0", "no", "false", "off"):
+        return "off"
+    raise pytest.UsageError(f"{REQUEST_ENV}={value!r}: use 1 (run, installing Slurm if needed) or 0 (skip)")
+
+
+def why_not(mode: str, *, root: bool, installed: bool) -> str:
+    """Why this machine does not run the Slurm tests in ``mode``; "" when it does."""
+    if mode == "off":
+        return f"{REQUEST_ENV}=0"
+    if not root:
+        return "the local SLURM cluster needs root (slurm/local-cluster/start.sh)"
+    if not installed and mode == "auto":
+        return (
+            f"Slurm is not installed ({', '.join(SLURM_BINARIES)}); "
+            f"{REQUEST_ENV}=1 installs it with apt and runs these tests"
+        )
+    return ""
 
 
 def _free_port_pair() -> int:
@@ -43,13 +76,18 @@ def _free_port_pair() -> int:
 @pytest.fixture(scope="module")
 def slurm_cluster():
     """Start a cluster for this module; yields its state folder (``SLURM_CONF`` is set meanwhile)."""
-    if os.geteuid() != 0:
-        pytest.skip("the local SLURM cluster needs root (slurm/local-cluster/start.sh)")
-    installed = all(shutil.which(b) for b in ("slurmctld", "slurmd", "sbatch", "munged"))
-    if not installed and shutil.which("apt-get") is None:
-        pytest.skip("Slurm is not installed and apt-get is missing to install it")
+    mode = slurm_tests_mode()
+    installed = all(shutil.which(b) for b in SLURM_BINARIES)
+    reason = why_not(mode, root=os.geteuid() == 0, installed=installed)
+    if reason:
+        (pytest.fail if mode == "required" else pytest.skip)(reason)
     state = Path(tempfile.mkdtemp(prefix="nemo-azr-slurm-test-", dir="/tmp"))
-    env = dict(os.environ, NEMO_AZR_SLURM_PORT=str(_free_port_pair()), NEMO_AZR_SLURM_CLEAN="1")
+    env = dict(
+        os.environ,
+        NEMO_AZR_SLURM_PORT=str(_free_port_pair()),
+        NEMO_AZR_SLURM_CLEAN="1",
+        NEMO_AZR_SLURM_INSTALL="1" if mode == "required" else "0",
+    )
     started = subprocess.run(
         ["bash", str(CLUSTER_DIR / "start.sh"), str(state)],
         env=env,
@@ -59,7 +97,7 @@ def slurm_cluster():
     )
     old_conf = os.environ.get("SLURM_CONF")
     try:
-        if started.returncode == EXIT_PACKAGES_UNAVAILABLE:
+        if started.returncode == EXIT_PACKAGES_UNAVAILABLE and mode != "required":
             pytest.skip(f"Slurm packages unavailable: {started.stderr.strip()}")
         assert started.returncode == 0, started.stderr + _tail(state / "log" / "slurmctld.log")
         os.environ["SLURM_CONF"] = str(state / "slurm.conf")  # sbatch & co. here, and inside the jobs
