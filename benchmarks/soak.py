@@ -55,7 +55,9 @@ DAMAGE_KINDS = (
 
 
 def overrides(out: Path, args) -> list[str]:
+    cache = [f"model.tiny.cache_dir={args.cache_dir}"] if args.cache_dir else []
     return [
+        *cache,
         "logger=quiet",
         f"trainer.output_dir={out}",
         f"trainer.max_steps={args.steps}",
@@ -177,6 +179,20 @@ def damage(folder: Path, kind: str, rng: random.Random) -> str:
         (folder / "garbage.bin").write_bytes(os.urandom(4096))
         return "added garbage.bin (not damage: must resume from it)"
     raise ValueError(kind)
+
+
+def _commit() -> str | None:
+    """The code's git commit, when it runs from a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
 
 
 def _intact(folder: Path) -> bool:
@@ -390,6 +406,7 @@ def soak(args) -> dict:
             "overrides": overrides(Path("<episode>"), args),
         },
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
+        "commit": _commit(),
         "cycles": cycles,
         "launches": launches,
         "episodes": len(episodes),
@@ -432,7 +449,8 @@ def markdown(r: dict) -> str:
         f"(`arithmetic_grpo`) for {c['steps']} GRPO steps after a {c['sft_warmup_steps']}-step warm-up, "
         f"a checkpoint every {c['save_interval']} steps (keep_last 2), {c['threads']} torch thread(s), "
         f"killed with SIGKILL at random points and resumed with `trainer.resume=auto`. "
-        f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores (shared with another long run).",
+        f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, shared with other jobs"
+        + (f"; code at commit {r['commit']}." if r.get("commit") else "."),
         "",
         "| | |",
         "| --- | --- |",
@@ -442,6 +460,7 @@ def markdown(r: dict) -> str:
         f"| damaged checkpoints injected | {r['corruptions']} ({', '.join(f'{k} {v}' for k, v in r['corruptions_by_kind'].items())}) |",
         f"| damaged resumes detected (one line) / fallbacks expected | {r['corrupt_resumes_detected']} / {r['fallbacks_expected']} |",
         f"| corruptions handled as expected (fallback, or extra file accepted) | {r['corruptions_handled']} / {r['corruptions']} |",
+        f"| `resume_fallbacks` in the final checkpoints (summed) | {r['resume_fallbacks_counted']} |",
         f"| failures | {len(r['failures'])} |",
         f"| wall time | {r['wall_s']:.0f} s ({r['s_per_cycle']:.1f} s per cycle; reference run {r['reference_run_s']:.1f} s) |",
         f"| verify one tiny checkpoint ({r['tiny_checkpoint_bytes'] / 1e6:.1f} MB, warm cache) | {r['verify_tiny_checkpoint_ms']:.1f} ms |",
@@ -469,7 +488,10 @@ def markdown(r: dict) -> str:
         "## Damaged checkpoints",
         "",
         "After a kill that left at least two complete checkpoints, the newest was damaged (each kind in "
-        "turn); the next launch was killed only after it had resumed. Example lines it logged:",
+        "turn); the next launch was killed only after it had resumed. `resume_fallbacks` counts the "
+        "fallbacks on the way to a checkpoint's state: a fallback to a checkpoint saved before an earlier "
+        "fallback does not carry that earlier count, so the final sum can be below the number of "
+        "fallbacks. Example lines the launches logged:",
         "",
         "```",
         *r["fallback_lines"],
@@ -495,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="outputs/soak", help="work folder (deleted first)")
     p.add_argument("--results", default="", help="also write <results>.json and <results>.md")
     p.add_argument("--keep", action="store_true", help="keep every episode's folder")
+    p.add_argument("--cache-dir", default="", help="model.tiny.cache_dir (default: the usual model cache)")
     args = p.parse_args(argv)
     result = soak(args)
     text = json.dumps(result, indent=1)

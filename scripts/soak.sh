@@ -4,7 +4,7 @@
 # and weights must equal an uninterrupted run's bit for bit. Only its own training processes are
 # killed (each runs in its own process group).
 #
-#   bash scripts/soak.sh                        # 50 cycles into outputs/soak (~15 min on 2 cores)
+#   bash scripts/soak.sh                        # 50 cycles into outputs/soak (~8 min on 2 cores)
 #   bash scripts/soak.sh --cycles 5 --out /tmp/soak
 #   bash scripts/soak.sh --cycles 50 --results benchmarks/results/soak   # the committed result
 #
