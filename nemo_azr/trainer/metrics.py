@@ -1,10 +1,17 @@
-"""Per-step metrics sinks: console (progress bar + periodic line), JSONL file, W&B, TensorBoard.
+"""Per-step metrics sinks: console (progress bar + periodic line), JSONL file, W&B, TensorBoard,
+and the sample texts (samples.jsonl, a W&B table).
 
 Metric names are ``/``-namespaced (``reward/mean``, ``actor/pg_loss``, ``timing/step_s``).
+
+Every sink fails soft: a sink that raises (at start, on a log call or at close) is switched off for
+the rest of the run with one warning line on stderr, and the records that follow carry
+``logger/failed_sinks`` (how many are off). Logging never ends a run, and never stands between a
+preemption signal and its checkpoint (the trainer saves first, then logs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -16,17 +23,33 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from nemo_azr.config.schema import LoggerConfig
+from nemo_azr.trainer.atomic_io import atomic_write_text, rewrite_lines
 from nemo_azr.trainer.samples import SAMPLES_FILE, format_samples
 
 CONSOLE_KEYS = ("reward/mean", "actor/pg_loss", "actor/grad_norm", "response/length_mean", "timing/step_s")
 METRICS_FILE = "metrics.jsonl"
+WANDB_ID_FILE = "wandb_run_id.txt"
 WANDB_SAMPLE_COLUMNS = ("step", "prompt", "response", "reward")
+FAILED_SINKS_KEY = "logger/failed_sinks"
+SINKS = ("console", "jsonl", "wandb", "tensorboard", "samples")
 
 
 def _jsonable(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def wandb_environment(mode: str) -> dict[str, str]:
+    """The environment W&B must see before it starts its service process. ``wandb.init(mode=...)``
+    alone is not enough: an offline run whose environment lacks ``WANDB_MODE`` still resolves the
+    W&B host (a DNS lookup, seconds of delay where the host does not answer)."""
+    return {"WANDB_MODE": mode}
 
 
 class MetricsLogger:
@@ -45,13 +68,18 @@ class MetricsLogger:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.output_dir / METRICS_FILE
         self.samples_path = self.output_dir / SAMPLES_FILE
+        #: sink name -> the error that switched it off
+        self.failed: dict[str, str] = {}
+        self._saved_env: dict[str, str | None] = {}
         if cfg.jsonl:
-            truncate_jsonl(self.jsonl_path, start_step)
+            self._call("jsonl", truncate_jsonl, self.jsonl_path, start_step)
         if cfg.samples_per_step:
-            truncate_jsonl(self.samples_path, start_step)
+            self._call("samples", truncate_jsonl, self.samples_path, start_step)
         self._bar = None
         if cfg.console:
-            self._bar = tqdm(
+            self._bar = self._call(
+                "console",
+                tqdm,
                 total=total_steps,
                 initial=start_step,
                 desc="train",
@@ -61,21 +89,57 @@ class MetricsLogger:
             )
         self._wandb = None
         if cfg.wandb.enabled and cfg.wandb.mode != "disabled":
-            self._wandb = self._init_wandb(run_config, run_name)
+            self._wandb = self._call("wandb", self._init_wandb, run_config, run_name)
         self._tb = None
         if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            self._tb = self._call("tensorboard", self._init_tensorboard)
 
-            self._tb = SummaryWriter(str(self.output_dir / "tensorboard"))
+    # --- fail-soft plumbing ----------------------------------------------------------------------
+    def _active(self, sink: str) -> bool:
+        return sink not in self.failed
 
+    def _call(self, sink: str, fn, *args, **kwargs) -> Any:
+        """``fn(*args, **kwargs)``, or None once ``sink`` has failed; an error switches it off."""
+        if sink in self.failed:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any sink error: the run goes on without it
+            self._disable(sink, exc)
+            return None
+
+    def _disable(self, sink: str, exc: BaseException) -> None:
+        self.failed[sink] = _first_line(exc)
+        _warn(
+            f"nemo-azr: warning: the {sink} metrics sink failed ({self.failed[sink]}); "
+            "it is off for the rest of this run"
+        )
+        if sink == "wandb":
+            self._abandon_wandb()
+        elif sink == "console" and self._bar is not None:
+            bar, self._bar = self._bar, None
+            with contextlib.suppress(Exception):
+                bar.close()
+        elif sink == "tensorboard" and self._tb is not None:
+            tb, self._tb = self._tb, None
+            with contextlib.suppress(Exception):
+                tb.close()
+
+    # --- W&B / TensorBoard -----------------------------------------------------------------------
     def _init_wandb(self, run_config: dict, run_name: str):
+        wcfg = self.cfg.wandb
+        # Before wandb is imported and starts its service (which reads them from the environment).
+        env = {**wandb_environment(wcfg.mode), "WANDB_SILENT": os.environ.get("WANDB_SILENT", "true")}
+        for key, value in env.items():
+            self._saved_env.setdefault(key, os.environ.get(key))
+            os.environ[key] = value
         import wandb
 
-        wcfg = self.cfg.wandb
-        id_file = self.output_dir / "wandb_run_id.txt"
-        run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
-        id_file.write_text(run_id)
-        os.environ.setdefault("WANDB_SILENT", "true")
+        id_file = self.output_dir / WANDB_ID_FILE
+        run_id = id_file.read_text().strip() if id_file.exists() else ""
+        if not run_id:
+            run_id = uuid.uuid4().hex[:12]
+            atomic_write_text(id_file, run_id)
         return wandb.init(
             project=wcfg.project,
             entity=wcfg.entity or None,
@@ -87,81 +151,129 @@ class MetricsLogger:
             config=run_config,
         )
 
+    def _abandon_wandb(self) -> None:
+        """A failed W&B run (e.g. its service process was killed along with the job): finish and tear
+        down what can be, quietly, so wandb's exit hook does not print a traceback at exit."""
+        run, self._wandb = self._wandb, None
+        if "wandb" not in sys.modules:
+            return
+        import wandb
+
+        if run is not None:
+            with contextlib.suppress(Exception, SystemExit):
+                run.finish()
+        with contextlib.suppress(Exception, SystemExit):
+            wandb.teardown()
+
+    def _init_tensorboard(self):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.output_dir / "tensorboard"))
+
+    # --- logging ---------------------------------------------------------------------------------
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """``step`` is the 0-based index of the finished step."""
+        if self.failed:
+            metrics = {**metrics, FAILED_SINKS_KEY: float(len(self.failed))}
         record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
         if self.cfg.jsonl:
-            with open(self.jsonl_path, "a") as fh:
-                fh.write(json.dumps(record) + "\n")
+            self._call("jsonl", _append_lines, self.jsonl_path, [json.dumps(record)])
         if self._wandb is not None:
-            self._wandb.log(metrics, step=step)
+            self._call("wandb", self._wandb.log, metrics, step=step)
         if self._tb is not None:
-            for k, v in metrics.items():
-                self._tb.add_scalar(k, v, step)
+            self._call("tensorboard", self._log_tensorboard, step, metrics)
         if self._bar is not None:
-            shown = {
-                k.split("/")[-1] if k != "reward/mean" else "reward": f"{metrics[k]:.3g}"
-                for k in CONSOLE_KEYS[:2]
-                if k in metrics
-            }
-            self._bar.set_postfix(shown, refresh=False)
-            self._bar.update(1)
-            if (step + 1) % self.cfg.console_interval == 0:
-                line = "  ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
-                self._bar.write(f"step {step + 1}: {line}", file=sys.stderr)
+            self._call("console", self._log_console, step, metrics)
+
+    def _log_tensorboard(self, step: int, metrics: dict[str, float]) -> None:
+        for k, v in metrics.items():
+            self._tb.add_scalar(k, v, step)
+
+    def _log_console(self, step: int, metrics: dict[str, float]) -> None:
+        shown = {
+            k.split("/")[-1] if k != "reward/mean" else "reward": f"{metrics[k]:.3g}"
+            for k in CONSOLE_KEYS[:2]
+            if k in metrics
+        }
+        self._bar.set_postfix(shown, refresh=False)
+        self._bar.update(1)
+        if (step + 1) % self.cfg.console_interval == 0:
+            line = "  ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
+            self._bar.write(f"step {step + 1}: {line}", file=sys.stderr)
 
     def log_samples(self, step: int, records: list[dict[str, Any]]) -> None:
         """A step's sample texts: JSONL always, the console and W&B at the console interval."""
         if not records:
             return
-        with open(self.samples_path, "a") as fh:
-            for record in records:
-                fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, ensure_ascii=False) + "\n")
+        lines = [json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False) for r in records]
+        self._call("samples", _append_lines, self.samples_path, lines)
         if (step + 1) % self.cfg.console_interval:
             return
         if self.cfg.console_samples:
             self.message(f"step {step + 1} samples:\n{format_samples(records)}")
         if self._wandb is not None:
-            import wandb
+            self._call("wandb", self._log_wandb_samples, step, records)
 
-            rows = [[r.get(c) for c in WANDB_SAMPLE_COLUMNS] for r in records]
-            self._wandb.log(
-                {"samples": wandb.Table(columns=list(WANDB_SAMPLE_COLUMNS), data=rows)}, step=step
-            )
+    def _log_wandb_samples(self, step: int, records: list[dict[str, Any]]) -> None:
+        import wandb
+
+        rows = [[r.get(c) for c in WANDB_SAMPLE_COLUMNS] for r in records]
+        self._wandb.log({"samples": wandb.Table(columns=list(WANDB_SAMPLE_COLUMNS), data=rows)}, step=step)
 
     def message(self, text: str) -> None:
         if self._bar is not None:
-            self._bar.write(text, file=sys.stderr)
-        else:
-            print(text, file=sys.stderr)
+            self._call("console", self._bar.write, text, file=sys.stderr)
+            if self._active("console"):
+                return
+        _warn(text)
 
     def close(self) -> None:
         if self._bar is not None:
-            self._bar.close()
+            self._call("console", self._bar.close)
         if self._wandb is not None:
-            self._wandb.finish()
+            self._call("wandb", self._wandb.finish)
         if self._tb is not None:
-            self._tb.close()
+            self._call("tensorboard", self._tb.close)
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._saved_env.clear()
+
+
+def _warn(text: str) -> None:
+    """One line on stderr; a broken stderr is not worth an exception."""
+    with contextlib.suppress(Exception):
+        print(text, file=sys.stderr, flush=True)
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("".join(line + "\n" for line in lines))
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
     """On resume, drop the records of steps at or after ``step`` (they will be logged again); a
-    torn last line from a crash goes too."""
+    torn last line from a crash goes too. The file is replaced atomically (a crash leaves the old
+    one), and left untouched when nothing is dropped."""
     if not path.exists():
         return
-    keep = []
-    for line in path.read_text().splitlines():
+
+    def keep(line: str) -> bool:
         try:
-            if json.loads(line).get("step", -1) < step:
-                keep.append(line)
+            record = json.loads(line)
         except json.JSONDecodeError:
-            continue
-    path.write_text("".join(x + "\n" for x in keep))
+            return False
+        return isinstance(record, dict) and record.get("step", -1) < step
+
+    rewrite_lines(path, keep)
 
 
-#: Metrics that measure the machine (wall time, speed, memory), not the run: they differ between two
-#: runs that are otherwise identical (resume tests compare everything else).
-MACHINE_METRIC_PREFIXES = ("timing/", "throughput/", "system/")
+#: Metrics that measure the machine (wall time, speed, memory) or its surroundings (a logging sink
+#: that failed), not the run: they differ between two runs that are otherwise identical (resume
+#: tests compare everything else).
+MACHINE_METRIC_PREFIXES = ("timing/", "throughput/", "system/", "logger/")
 
 
 def without_machine_metrics(records: list[dict]) -> list[dict]:
