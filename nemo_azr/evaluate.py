@@ -14,6 +14,7 @@ import copy
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +35,7 @@ ACCURACY_WORKFLOWS = ("single_turn",)
 def resolve_eval_model(cfg: NemoAzrConfig) -> tuple[Path, str]:
     """The model folder to evaluate and a description of where it came from."""
     from nemo_azr.models.tiny import resolve_model_path
-    from nemo_azr.trainer.checkpoint import Checkpointer
+    from nemo_azr.trainer.checkpoint import Checkpointer, is_complete
 
     choice = cfg.eval.checkpoint
     if choice == "model":
@@ -47,14 +48,33 @@ def resolve_eval_model(cfg: NemoAzrConfig) -> tuple[Path, str]:
                 f"eval.checkpoint=auto: no complete checkpoint in {str(root)!r}; train first, or set "
                 "eval.checkpoint=/path/to/step_N (or =model to evaluate model.path)"
             )
+        _verify(latest, "eval.checkpoint=auto: the newest checkpoint")
         return latest / "model", str(latest)
     folder = Path(choice).expanduser()
+    if is_complete(folder):  # a trainer checkpoint: its files must match the manifest
+        _verify(folder, "eval.checkpoint: checkpoint")
     for candidate in (folder / "model", folder):
         if (candidate / "config.json").is_file():
             return candidate, str(folder)
     raise ConfigError(
         f"eval.checkpoint={choice!r} is neither a step_N checkpoint nor a model folder (no config.json)"
     )
+
+
+def _verify(folder: Path, what: str) -> None:
+    """A damaged checkpoint is one clear error: scores of damaged weights would be meaningless, and
+    silently scoring an older checkpoint would misreport which one was evaluated."""
+    from nemo_azr.errors import CheckpointDamagedError
+    from nemo_azr.trainer.checkpoint import verify_checkpoint
+
+    try:
+        warning = verify_checkpoint(folder)
+    except CheckpointDamagedError as exc:
+        raise ConfigError(
+            f"{what} {folder} is damaged: {exc.problems}; pass an intact one as eval.checkpoint=PATH"
+        ) from None
+    if warning:
+        print(f"nemo-azr: warning: {warning}", file=sys.stderr)
 
 
 def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:

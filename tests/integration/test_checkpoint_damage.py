@@ -159,3 +159,19 @@ def test_legacy_checkpoint_damage_is_one_line(kind, trained, tiny_cache, tmp_pat
     (line,) = _errors(captured.err)
     assert line.startswith(f"nemo-azr: error: checkpoint {newest}: {message}")
     assert "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "path"])
+def test_eval_of_a_damaged_checkpoint_is_one_line(explicit, trained, tiny_cache, tmp_path, capsys):
+    out, newest = _copy(trained, tmp_path)
+    _flip_middle(newest / "model" / "model.safetensors")
+    capsys.readouterr()
+    choice = [f"eval.checkpoint={newest}"] if explicit else []
+    code = nemo_azr_main(["eval", *_overrides(tiny_cache, out), "data.eval_size=4", *choice])
+    assert code == 2
+    (line,) = _errors(capsys.readouterr().err)
+    what = "eval.checkpoint: checkpoint" if explicit else "eval.checkpoint=auto: the newest checkpoint"
+    assert line == (
+        f"nemo-azr: error: {what} {newest} is damaged: model/model.safetensors has changed since the save "
+        "(sha256 mismatch); pass an intact one as eval.checkpoint=PATH"
+    )
