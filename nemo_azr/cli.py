@@ -16,12 +16,51 @@ EXIT_USAGE = 2
 
 
 def _train(overrides: list[str]) -> int:
-    from nemo_azr.config.loader import load_config
-    from nemo_azr.trainer.preemption import EXIT_PREEMPTED
-    from nemo_azr.trainer.trainer import Trainer
+    """Preemption-safe from the first moment: SIGTERM / SIGUSR1 at any point (imports, config, model
+    build, resume load, warm-up, W&B init, training) ends the run with exit status 75 and one line,
+    after a checkpoint of whatever no checkpoint holds yet; the SLURM batch script then requeues."""
+    from nemo_azr.trainer.preemption import EXIT_PREEMPTED, Preempted, PreemptionFlag
 
-    cfg = load_config(overrides)
-    result = Trainer(cfg).fit()
+    flag = PreemptionFlag()
+    flag.install()  # before the heavy imports: until now a signal had its default action (death)
+    try:
+        with flag.phase("start-up", interruptible=True):
+            from nemo_azr.config.loader import load_config
+            from nemo_azr.trainer.trainer import Trainer
+
+            cfg = load_config(overrides)
+            trainer = Trainer(cfg, preemption=flag)  # "model build": a signal stops it at once
+        return _fit_and_report(cfg, trainer)
+    except Preempted as exc:  # nothing unsaved yet
+        _rank0_print(f"nemo-azr: {exc}: nothing to save yet, exiting for requeue", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except NemoAzrError:
+        raise
+    except Exception as exc:
+        if not flag.requested:
+            raise
+        # Failing after a preemption signal (a peer rank that already exited, a service killed with
+        # the job): requeue; the next start resumes from the newest checkpoint.
+        _rank0_print(
+            f"nemo-azr: {flag.describe()}, then {type(exc).__name__}: "
+            f"{(str(exc).strip().splitlines() or [''])[0]}; exiting for requeue",
+            file=sys.stderr,
+        )
+        return EXIT_PREEMPTED
+    finally:
+        if not flag.requested:  # when exiting for requeue, a second signal (e.g. srun's copy) is ignored
+            flag.uninstall()
+
+
+def _rank0_print(*args, **kwargs) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def _fit_and_report(cfg, trainer) -> int:
+    from nemo_azr.trainer.preemption import EXIT_PREEMPTED
+
+    result = trainer.fit()
     summary = ", ".join(
         f"{k}={result.last_metrics[k]:.4g}"
         for k in ("reward/mean", "actor/pg_loss")

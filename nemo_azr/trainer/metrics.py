@@ -155,15 +155,13 @@ class MetricsLogger:
         """A failed W&B run (e.g. its service process was killed along with the job): finish and tear
         down what can be, quietly, so wandb's exit hook does not print a traceback at exit."""
         run, self._wandb = self._wandb, None
-        if "wandb" not in sys.modules:
-            return
-        import wandb
-
         if run is not None:
             with contextlib.suppress(Exception, SystemExit):
                 run.finish()
-        with contextlib.suppress(Exception, SystemExit):
-            wandb.teardown()
+        wandb = sys.modules.get("wandb")
+        if wandb is not None and hasattr(wandb, "teardown"):
+            with contextlib.suppress(Exception, SystemExit):
+                wandb.teardown()
 
     def _init_tensorboard(self):
         from torch.utils.tensorboard import SummaryWriter

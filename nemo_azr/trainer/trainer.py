@@ -6,6 +6,8 @@ import json
 import math
 import resource
 import shutil
+import signal
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,15 +34,18 @@ from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
+from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.metrics import MetricsLogger
-from nemo_azr.trainer.preemption import PreemptionFlag
+from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.samples import select_samples
 from nemo_azr.trainer.seeding import rng_state, seed_everything, set_rng_state, step_seed
-from nemo_azr.trainer.sft import run_sft_warmup
+from nemo_azr.trainer.sft import SFTWarmup
 
 CHECKPOINT_DIR = "checkpoints"
+#: A checkpoint taken part-way through the supervised warm-up (a preemption) holds its state here.
+SFT_WARMUP_FILE = "sft_warmup.pt"
 _SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
@@ -52,6 +57,9 @@ class TrainerState:
     skipped_steps: int = 0
     consecutive_skips: int = 0
     loader: dict = field(default_factory=dict)
+    # A checkpoint taken part-way through the supervised warm-up: the warm-up steps done (its
+    # optimizer state is in sft_warmup.pt). None: the warm-up is finished, or there is none.
+    warmup_step: int | None = None
     resume_fallbacks: int = 0  # damaged checkpoints trainer.resume=auto skipped on the way to this state
 
 
@@ -91,7 +99,22 @@ def _device(name: str) -> torch.device:
 
 
 class Trainer:
-    def __init__(self, cfg: NemoAzrConfig) -> None:
+    _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
+
+    def __init__(self, cfg: NemoAzrConfig, *, preemption: PreemptionFlag | None = None) -> None:
+        """Build the task, tokenizer and models. A preemption signal (SIGTERM/SIGUSR1) during the
+        build raises :class:`~nemo_azr.trainer.preemption.Preempted` at once (there is nothing to
+        save yet); ``nemo-azr train`` installs ``preemption`` before anything else."""
+        self.preemption = preemption if preemption is not None else PreemptionFlag()
+        installed = self.preemption.install()
+        try:
+            with self.preemption.phase("model build", interruptible=True):
+                self._build(cfg)
+        finally:
+            if installed:  # a Trainer used as a library: fit() installs it again
+                self.preemption.uninstall()
+
+    def _build(self, cfg: NemoAzrConfig) -> None:
         self.cfg = cfg
         tr = cfg.trainer
         if tr.num_threads > 0:
@@ -135,7 +158,6 @@ class Trainer:
         self.state = TrainerState()
         self.sampling = sampling_from_config(cfg.generation)
         self.norm_length = cfg.algorithm.norm_length or cfg.generation.max_new_tokens
-        self.preemption = PreemptionFlag()
         self.last_samples: list[dict] = []  # the last step's sample texts (logger.samples_per_step)
 
     def _optimizer_steps_total(self) -> int:
@@ -175,6 +197,8 @@ class Trainer:
             self.state.loader = self.loader.state_dict()
             (tmp / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
             (tmp / "config.yaml").write_text(to_yaml(self.cfg))
+            if self._warmup is not None:  # stopped part-way by a signal: resumable
+                torch.save(self._warmup.state_dict(), tmp / SFT_WARMUP_FILE)
             if asynchronous:  # the policy's finalize step publishes the folder
                 self.policy.save(
                     tmp, tokenizer=self.tokenizer, on_written=lambda: self.checkpointer.publish(tmp, step)
@@ -396,23 +420,110 @@ class Trainer:
         self.backend = backend_cls(source, self.tokenizer, **backend_kwargs(cfg.generation))
         self.backend.version = self.state.policy_version
 
+    # --- preemption ------------------------------------------------------------------------------
+    def _preemption_agreed(self) -> bool:
+        """Whether a preemption signal arrived, on any rank (under torchrun all ranks stop at the
+        same step: a checkpoint is collective). Collective when there are several ranks."""
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            return self.preemption.requested
+        on_gpu = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        signum = torch.tensor([self.preemption.signum or 0], dtype=torch.int64, device=device)
+        dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+        if signum.item() and not self.preemption.requested:  # another rank got it
+            self.preemption.signum = signal.Signals(int(signum.item()))
+        return self.preemption.requested
+
+    def _supervised_warmup(self, resume: Path | None) -> SFTWarmup:
+        """Run (or, from a checkpoint taken part-way through it, continue) the supervised warm-up.
+        A single process stops it between two steps on a preemption signal; with several ranks it
+        runs to its end (the signal is then acted on before the first RL step)."""
+        warmup = SFTWarmup(self.policy, self.task, self.tokenizer, self.cfg, workflow=self.workflow)
+        if self.state.warmup_step is not None and resume is not None:
+            try:
+                state = torch.load(resume / SFT_WARMUP_FILE, weights_only=False)
+            except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a bad file
+                raise CheckpointError(
+                    f"checkpoint {resume}: {SFT_WARMUP_FILE} is unreadable ({type(exc).__name__}: {exc})"
+                ) from None
+            restored = rng_state()  # the replay of the warm-up's data must not move the RNG streams
+            warmup.load_state_dict(state)
+            set_rng_state(restored)
+        single = not (dist.is_initialized() and dist.get_world_size() > 1)
+        stop = (lambda: self.preemption.requested) if single and warmup.resumable else None
+        warmup.run(should_stop=stop)
+        return warmup
+
+    def _stop_in_warmup(self, warmup: SFTWarmup) -> FitResult:
+        """A signal stopped the warm-up: save it as a resumable ``step_0`` (when it got further than
+        the checkpoint it started from) and end the run."""
+        folder = self._resume_folder
+        if warmup.losses:
+            self.state.warmup_step = warmup.step
+            self._warmup = warmup
+            try:
+                folder = self.save_checkpoint()
+                self.finalize_checkpoints(blocking=True)
+            finally:
+                self._warmup = None
+            what = f"saved {folder} (warm-up step {warmup.step} of {warmup.total}; a resume continues it)"
+        else:
+            what = "nothing new to save"
+        _notice(f"nemo-azr: {self.preemption.describe()}: {what}, exiting for requeue")
+        return FitResult("preempted", self.state.step, {}, folder)
+
     # --- the loop --------------------------------------------------------------------------------
     def fit(self) -> FitResult:
+        """Train to ``trainer.max_steps`` (or a ``max_steps_per_run`` slice).
+
+        A preemption signal (SIGTERM / SIGUSR1) at any point ends the run with status "preempted"
+        and a checkpoint of whatever no checkpoint holds yet: while the resume checkpoint loads it
+        stops at once (nothing new); during the supervised warm-up it stops after the current
+        warm-up step and saves a resumable ``step_0``; after the warm-up and before the first step
+        (generation set-up, W&B init) it saves ``step_0`` with the warm-up's weights; during a step
+        it finishes the step and saves before logging anything.
+        """
+        self._resume_folder: Path | None = None
+        installed = self.preemption.install()
+        try:
+            return self._fit()
+        except Preempted:  # while loading the resume checkpoint: nothing new to keep
+            _notice(f"nemo-azr: {self.preemption.describe()}: nothing new to save, exiting for requeue")
+            return FitResult("preempted", self.state.step, {}, self._resume_folder)
+        finally:
+            self.preemption.enter("shut-down", interruptible=False)
+            if installed:
+                self.preemption.uninstall()
+
+    def _fit(self) -> FitResult:
         cfg = self.cfg
+        self.preemption.enter("resume load", interruptible=True)
         plan = self._plan_resume()  # verified against its manifest; damaged ones skipped (auto)
         resume = plan.folder
         logger_msgs = list(plan.notes)
+        self._resume_folder = resume
         if resume is not None:
             self.load_checkpoint(resume)
             self.state.resume_fallbacks += len(plan.skipped)
             logger_msgs.append(f"resumed from {resume} (step {self.state.step})")
-        elif cfg.sft_warmup.steps > 0:
-            losses = run_sft_warmup(self.policy, self.task, self.tokenizer, cfg, workflow=self.workflow)
-            logger_msgs.append(
-                f"supervised warm-up: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}"
-            )
+        dirty = False  # weights that no checkpoint holds: a warm-up in this process, a trained step
+        if (resume is None and cfg.sft_warmup.steps > 0) or self.state.warmup_step is not None:
+            self.preemption.enter("supervised warm-up", interruptible=False)
+            warmup = self._supervised_warmup(resume)
+            if not warmup.done:  # a signal stopped it part-way
+                return self._stop_in_warmup(warmup)
+            self.state.warmup_step = None
+            dirty = bool(warmup.losses)
+            if warmup.losses:
+                resumed = f" (resumed after step {warmup.step - len(warmup.losses)})" if resume else ""
+                logger_msgs.append(
+                    f"supervised warm-up: {len(warmup.losses)} steps{resumed}, "
+                    f"loss {warmup.losses[0]:.3f} -> {warmup.losses[-1]:.3f}"
+                )
+        self.preemption.enter("generation set-up", interruptible=False)
         self.setup_generation()
 
+        self.preemption.enter("logger start-up (W&B init)", interruptible=False)
         run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
         main = is_main_process()
         logger = (
@@ -428,10 +539,10 @@ class Trainer:
             else _NullLogger()
         )
         if main:
-            (self.output_dir / "config.yaml").write_text(to_yaml(cfg))
+            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
         for msg in logger_msgs:
             logger.message(msg)
-        self.preemption.install()
+        self.preemption.enter("training", interruptible=False)
         last: dict[str, float] = {}
         last_saved: Path | None = None
         status = "completed"
@@ -440,19 +551,35 @@ class Trainer:
         run_end = min(cfg.trainer.max_steps, self.state.step + per_run) if per_run else cfg.trainer.max_steps
         try:
             for step in range(self.state.step, cfg.trainer.max_steps):
+                if self._preemption_agreed():  # during start-up, or during the last step's logging
+                    if dirty:
+                        last_saved, dirty = self.save_checkpoint(), False
+                        what = f"saved {last_saved}"
+                    else:
+                        last_saved = last_saved or resume
+                        what = "nothing new to save"
+                    status = "preempted"
+                    logger.message(f"nemo-azr: {self.preemption.describe()}: {what}, exiting for requeue")
+                    break
                 last = self.train_step(step)
                 self.state.step = step + 1
+                dirty = True
                 self.finalize_checkpoints(blocking=False)  # publish a finished background save
+                # On a signal the checkpoint comes first: a log call that fails (W&B's service
+                # process is killed with the job) must not stand between the signal and the save.
+                preempted = self._preemption_agreed()
+                if preempted and _finite_loss(last):
+                    last_saved, dirty = self.save_checkpoint(), False
                 logger.log(step, last)
                 logger.log_samples(step, self.last_samples)
                 _check_finite(last, step)
                 interval = cfg.trainer.save_interval
-                if (interval and self.state.step % interval == 0) or self.preemption.requested:
-                    last_saved = self.save_checkpoint()
-                if self.preemption.requested:
+                if interval and self.state.step % interval == 0 and dirty:
+                    last_saved, dirty = self.save_checkpoint(), False
+                if preempted:
                     status = "preempted"
                     logger.message(
-                        f"signal {self.preemption.signum}: saved {last_saved}, exiting for requeue"
+                        f"nemo-azr: {self.preemption.describe()}: saved {last_saved}, exiting for requeue"
                     )
                     break
                 if self.state.step >= run_end and self.state.step < cfg.trainer.max_steps:
@@ -461,15 +588,19 @@ class Trainer:
                     status = "paused"
                     logger.message(f"trainer.max_steps_per_run={per_run}: saved {last_saved}, exiting")
                     break
-            if status == "completed" and resume is not None and checkpoint_step(resume) == self.state.step:
+            if (
+                status == "completed"
+                and not dirty
+                and resume is not None
+                and checkpoint_step(resume) == self.state.step
+            ):
                 last_saved = resume  # nothing left to train (e.g. a spare chain link): keep the checkpoint
             elif status == "completed" and (
-                last_saved is None or checkpoint_step(last_saved) != self.state.step
+                dirty or last_saved is None or checkpoint_step(last_saved) != self.state.step
             ):
                 last_saved = self.save_checkpoint()
             self.finalize_checkpoints(blocking=True)  # nothing may be left half-written at exit
         finally:
-            self.preemption.uninstall()
             logger.close()
         return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
 
@@ -485,6 +616,17 @@ def _read_checkpoint_file(folder: Path, name: str, read):
         raise CheckpointDamagedError(
             f"checkpoint {folder}: {name} is unreadable ({type(exc).__name__}: {text})"
         ) from None
+
+
+def _notice(text: str) -> None:
+    """A line for the user before the metrics logger exists (rank 0 only)."""
+    if is_main_process():
+        print(text, file=sys.stderr, flush=True)
+
+
+def _finite_loss(metrics: dict[str, float]) -> bool:
+    loss = metrics.get("actor/loss")
+    return loss is None or math.isfinite(loss)
 
 
 def peak_rss_gb() -> float:

@@ -36,13 +36,15 @@ class _DeadWandbRun:
     """A W&B run whose service process is gone: every call raises, as wandb's own run does."""
 
     def __init__(self):
-        self.calls = 0
+        self.logged = self.finished = 0
 
     def log(self, *args, **kwargs):
-        self.calls += 1
+        self.logged += 1
         raise ConnectionResetError("Connection lost")
 
-    finish = log
+    def finish(self):
+        self.finished += 1
+        raise ConnectionResetError("Connection lost")
 
 
 def test_a_failing_sink_is_switched_off_with_one_warning_and_counted(tmp_path, capsys):
@@ -57,7 +59,8 @@ def test_a_failing_sink_is_switched_off_with_one_warning_and_counted(tmp_path, c
 
     err = capsys.readouterr().err
     assert err.count("warning: the wandb metrics sink failed (ConnectionResetError: Connection lost)") == 1
-    assert dead.calls == 1  # not called again once it failed
+    assert dead.logged == 1  # not called again once it failed
+    assert dead.finished == 1  # finished (quietly) once, at the failure, not again at close
     assert logger.failed == {"wandb": "ConnectionResetError: Connection lost"}
     records = read_metrics(tmp_path / METRICS_FILE)
     assert [r["step"] for r in records] == [0, 1, 2]  # the other sinks go on
