@@ -4,7 +4,7 @@ and logs what an uninterrupted run logs.
 
 The signals are real (``os.kill`` on this process, from inside the phase, through the CLI's own
 handler); an in-process run places them at an exact phase, which a subprocess could only hit by
-timing. tests/e2e/test_preemption_wandb.py sends one from outside to a ``python -m nemo_azr`` process.
+timing. test_preemption_wandb.py sends one from outside to a ``python -m nemo_azr`` process.
 """
 
 from __future__ import annotations
