@@ -66,8 +66,17 @@ def _fit_and_report(cfg, trainer) -> int:
         for k in ("reward/mean", "actor/pg_loss")
         if k in result.last_metrics
     )
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, one summary line (rank 0 owns the checkpoint)
-        print(f"{result.status} at step {result.step}; {summary}; checkpoint: {result.checkpoint}")
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun, one summary line (rank 0 owns the checkpoint)
+        pass
+    elif result.status == "completed" and not result.last_metrics:  # resumed at trainer.max_steps
+        print(
+            f"nothing to train: {result.checkpoint} already reached trainer.max_steps={cfg.trainer.max_steps}. "
+            "Raise trainer.max_steps to train on, or start over with trainer.resume=never "
+            f"(overwrites {cfg.trainer.output_dir}) or another trainer.output_dir"
+        )
+    else:
+        parts = [f"{result.status} at step {result.step}", summary, f"checkpoint: {result.checkpoint}"]
+        print("; ".join(p for p in parts if p))
     # 75 tells the SLURM batch script "checkpoint written, continue me" (requeue or next chain link).
     return EXIT_PREEMPTED if result.status in ("preempted", "paused") else 0
 

@@ -84,7 +84,9 @@ class HFPolicy(PPOUpdateMixin):
         if trainable:
             self.model.train()
             if cfg.model.gradient_checkpointing:
-                self.model.gradient_checkpointing_enable()
+                # transformers 5.x renamed it (the old name warns, and goes in v6)
+                enable = getattr(self.model, "activation_checkpointing_enable", None)
+                (enable or self.model.gradient_checkpointing_enable)()
         else:
             self.model.eval()
             for p in self.model.parameters():
@@ -107,11 +109,15 @@ class HFPolicy(PPOUpdateMixin):
         pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(self.device)
         decoder = getattr(self.model, self.model.base_model_prefix)
         if self.autocast_dtype is None:
-            return decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state, ids
+            return decoder(
+                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+            ).last_hidden_state, ids
         # Mixed precision: the decoder's matmuls in autocast_dtype, weights (and their gradients) in
         # model.dtype; the LM head and log-softmax run on the hidden states cast back (exact log-probs).
         with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-            hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state
+            hidden = decoder(
+                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+            ).last_hidden_state
         return hidden.to(self.model.dtype), ids
 
     def token_logprobs(

@@ -38,6 +38,7 @@ from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
+from nemo_azr.trainer.preflight import check_writable, resolve_device
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.samples import select_samples
 from nemo_azr.trainer.seeding import rng_state, seed_everything, set_rng_state, step_seed
@@ -92,12 +93,6 @@ class _NullLogger:
         pass
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class Trainer:
     _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
 
@@ -122,9 +117,12 @@ class Trainer:
         if tr.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         seed_everything(cfg.seed)
-        self.device = _device(tr.device)
+        self.device = resolve_device(tr.device)
         self.output_dir = Path(tr.output_dir)
         self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, keep_last=tr.keep_last)
+        if is_main_process():  # rank 0 writes the logs and publishes checkpoints
+            check_writable(self.output_dir, "trainer.output_dir")
+            check_writable(self.checkpointer.root, "trainer.output_dir (its checkpoints/ folder)")
 
         # First: a data problem should not wait for a model load. Self-play draws its prompts from
         # the environment's seed tasks.
@@ -159,6 +157,7 @@ class Trainer:
         self.sampling = sampling_from_config(cfg.generation)
         self.norm_length = cfg.algorithm.norm_length or cfg.generation.max_new_tokens
         self.last_samples: list[dict] = []  # the last step's sample texts (logger.samples_per_step)
+        self._reward_error_reported = False
 
     def _optimizer_steps_total(self) -> int:
         alg = self.cfg.algorithm
@@ -289,13 +288,20 @@ class Trainer:
 
         if F.REWARDS not in batch.tensors:  # a workflow may fuse rollout and reward
             batch = score_batch(batch, self.task)
+        reward_errors = batch.info.get("reward_errors")
+        if reward_errors:
+            metrics["reward/errors"] = float(reward_errors["count"])
+            self._report_reward_error(step, reward_errors)
         batch, reward_metrics = drop_nonfinite_rewards(batch)
         metrics.update(reward_metrics)
         if batch is None:
-            return self._skip(step, metrics, "every reward was NaN/inf")
+            why = "every reward was NaN/inf" + (" or raised" if reward_errors else "")
+            return self._skip(step, metrics, why)
         validate_batch(batch, "reward")
         if getattr(self.estimator, "needs_greedy_baseline", False):
             batch[F.BASELINE_REWARDS] = self._greedy_baseline(batch, examples, step)
+        if hasattr(self.backend, "release"):  # rollout done: an engine frees its GPU memory (trtllm sleeps)
+            self.backend.release()
         t_reward = time.perf_counter()
 
         if alg.use_rollout_logprobs:
@@ -325,6 +331,7 @@ class Trainer:
 
         self.backend.sync_weights(self.policy)
         t_refit = time.perf_counter()
+        metrics.update(getattr(self.backend, "refit_metrics", {}))  # trtllm: refit time, probe gap
         self.state.policy_version = self.backend.version
         self.state.samples_seen += len(batch)
         self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
@@ -346,6 +353,18 @@ class Trainer:
             }
         )
         return metrics
+
+    def _report_reward_error(self, step: int, errors: dict) -> None:
+        """One stderr line the first time the reward function raises (then only the count metric)."""
+        if self._reward_error_reported or not is_main_process():
+            return
+        self._reward_error_reported = True
+        print(
+            f"nemo-azr: warning: step {step}: {errors['first']}; {errors['count']} row(s) dropped. "
+            "Later failures are counted in reward/errors only",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _old_logprobs_from_update(self, rows: int) -> bool:
         """True when the update is one on-policy optimizer step over the whole batch: the old

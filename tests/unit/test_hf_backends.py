@@ -1,5 +1,7 @@
 """The hf policy and generation backends agree with plain transformers computations."""
 
+import logging
+
 import pytest
 import torch
 
@@ -284,3 +286,51 @@ def test_generation_dtype_casts_the_copy_and_sync(setup):
         policy.model.get_input_embeddings().weight.sub_(0.01)  # the module-scoped policy as it was
     out = backend.generate([GenerationRequest(prompts[0], 0)], SamplingParams(n=2, max_new_tokens=4))
     assert len(out[0].samples) == 2 and all(len(s.token_ids) >= 1 for s in out[0].samples)
+
+
+class _Recorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_activation_checkpointing_update_is_quiet_and_exact(tiny_model_path, setup):
+    """model.gradient_checkpointing=true: no transformers deprecation or use_cache notice, and the
+    same gradients as without checkpointing (it only recomputes activations)."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    _cfg, tok, _policy, _backend, prompts = setup
+    grads = []
+    for checkpointing in (False, True):
+        cfg = NemoAzrConfig()
+        cfg.model.gradient_checkpointing = checkpointing
+        cfg.algorithm.shuffle_mini_batches = False
+        handler = _Recorder()
+        notices = handler.records
+        hf_logging.get_logger().addHandler(handler)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                pol = HFPolicy(tiny_model_path, cfg, trainable=True)
+                pol.setup_optimizer(total_steps=1)
+                batch = _rl_batch(tok, prompts, seed=5)
+                batch["old_logprobs"] = pol.compute_logprobs(batch)
+                captured = []
+                pol._clip_and_step = lambda pol=pol, captured=captured: (
+                    captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
+                )
+                pol.update(batch, norm_length=8)
+        finally:
+            hf_logging.get_logger().removeHandler(handler)
+        assert pol.model.is_activation_checkpointing is checkpointing
+        noisy = [str(w.message) for w in caught if issubclass(w.category, FutureWarning | DeprecationWarning)]
+        assert not noisy, noisy
+        assert not [r.getMessage() for r in notices if "use_cache" in r.getMessage()]
+        grads.append(captured[0])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
