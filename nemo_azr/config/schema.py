@@ -66,6 +66,36 @@ class ParallelConfig:
 
 
 @dataclass
+class TrtllmConfig:
+    """``generation.backend=trtllm``: the TensorRT-LLM engine and its weight refit (docs/generation.md)."""
+
+    tensor_parallel_size: int = 1  # GPUs of the engine (its own TP, independent of parallel.*)
+    kv_cache_free_gpu_memory_fraction: float = 0.4  # share of free GPU memory the KV cache takes at start
+    max_batch_size: int = 256  # sequences the engine batches in flight (>= generation.n_samples)
+    max_seq_len: int = 0  # prompt + response tokens per sequence; 0 = the model's max_position_embeddings
+    dtype: str = "auto"  # engine weights: auto (the model config's) | bfloat16 | float16 | float32
+    refit_bucket_mb: float = 512.0  # weights sent per update_weights call (bounds the extra GPU memory)
+    probe_tolerance: float = 0.05  # max |engine - trainer| log-prob on the probe before refit fails
+    probe_length: int = 8  # tokens the probe samples after its fixed prompt
+    probe_prompt: str = "The quick brown fox jumps over the lazy dog."  # fixed probe prompt text
+    checksum_rtol: float = 1e-3  # relative per-layer checksum tolerance when locating a bad layer
+    sleep: bool = True  # release engine GPU memory (weights + KV cache) during the update phase
+    sleep_tags: list[str] = field(
+        default_factory=lambda: [
+            "sampler",
+            "drafter",
+            "guided_decoder",
+            "spec_resource_manager",
+            "model_extra",
+            "executor_extra",
+            "model",
+            "draft_model",
+            "kv_cache",
+        ]
+    )  # engine memory released by sleep; "kv_cache" is woken after the refit, the rest before it
+
+
+@dataclass
 class GenerationConfig:
     backend: str = "hf"  # generation backend (registry GENERATION_BACKENDS)
     n_samples: int = 8  # samples per prompt (the group size)
@@ -78,6 +108,7 @@ class GenerationConfig:
     dtype: str = (
         ""  # hf backend: dtype of its weight copy ("" = model.dtype); bfloat16 decodes ~2x faster on AMX CPUs
     )
+    trtllm: TrtllmConfig = field(default_factory=TrtllmConfig)  # generation.backend=trtllm only
 
 
 @dataclass

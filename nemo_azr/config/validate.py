@@ -127,6 +127,8 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         "generation.dtype applies to the hf generation backend's weight copy; generation.backend=megatron "
         "decodes on the policy's own weights (leave generation.dtype empty)",
     )
+    if gen.backend == "trtllm":
+        _check_trtllm(cfg)
     _one_of("optim.schedule", opt.schedule, SCHEDULES)
     _one_of("trainer.device", tr.device, DEVICES)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
@@ -391,3 +393,39 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
         not bad and az.python_exec.task_types,
         f"absolute_zero.python_exec.task_types has unknown {bad}; use deduction, abduction, induction",
     )
+
+
+def _check_trtllm(cfg: NemoAzrConfig) -> None:
+    """``generation.backend=trtllm``: the engine keys (docs/config.md) and TensorRT-LLM itself."""
+    from nemo_azr.rollout.trtllm_backend import TRTLLM_MISSING, trtllm_available
+
+    gen, t = cfg.generation, cfg.generation.trtllm
+    _require(
+        not gen.dtype,
+        "generation.dtype is the hf backend's; the trtllm engine's dtype is generation.trtllm.dtype",
+    )
+    _one_of("generation.trtllm.dtype", t.dtype, ("auto", *DTYPES))
+    _require(
+        t.tensor_parallel_size >= 1,
+        f"generation.trtllm.tensor_parallel_size must be >= 1, got {t.tensor_parallel_size}",
+    )
+    _require(
+        0 < t.kv_cache_free_gpu_memory_fraction < 1,
+        "generation.trtllm.kv_cache_free_gpu_memory_fraction must be in (0, 1), got "
+        f"{t.kv_cache_free_gpu_memory_fraction}",
+    )
+    _require(
+        t.max_batch_size >= gen.n_samples,
+        f"generation.trtllm.max_batch_size={t.max_batch_size} must be >= generation.n_samples={gen.n_samples} "
+        "(the engine batches a prompt's samples together)",
+    )
+    _require(
+        t.max_seq_len >= 0,
+        f"generation.trtllm.max_seq_len must be >= 0 (0 = the model's), got {t.max_seq_len}",
+    )
+    _require(t.refit_bucket_mb > 0, f"generation.trtllm.refit_bucket_mb must be > 0, got {t.refit_bucket_mb}")
+    _require(t.probe_tolerance > 0, f"generation.trtllm.probe_tolerance must be > 0, got {t.probe_tolerance}")
+    _require(t.probe_length >= 1, f"generation.trtllm.probe_length must be >= 1, got {t.probe_length}")
+    _require(bool(t.probe_prompt.strip()), "generation.trtllm.probe_prompt is empty; give it some text")
+    _require(t.checksum_rtol > 0, f"generation.trtllm.checksum_rtol must be > 0, got {t.checksum_rtol}")
+    _require(trtllm_available(), TRTLLM_MISSING)

@@ -183,6 +183,8 @@ class HFGenerationBackend:
 
 def backend_kwargs(gen_cfg) -> dict:
     """Constructor keyword arguments of a generation backend from ``cfg.generation``."""
+    if gen_cfg.backend == "trtllm":  # the engine's keys live under generation.trtllm
+        return {"cfg": gen_cfg}
     kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
     if gen_cfg.dtype:
         kwargs["dtype"] = getattr(torch, gen_cfg.dtype)

@@ -1,0 +1,356 @@
+"""``trtllm`` generation backend: TensorRT-LLM's LLM API (PyTorch backend) with weight refit.
+
+Call sequence (TensorRT-LLM's RLHF worker extension, as its own examples and verl drive it):
+
+* start: ``LLM(model=<folder with the HF config + tokenizer>, load_format="dummy", backend="pytorch",
+  orchestrator_type="ray", ray_worker_extension_cls=<RefitWorkerExtension>, enable_sleep=True,
+  kv_cache_config=KvCacheConfig(free_gpu_memory_fraction=...), ...)``; the engine holds no real
+  weights until the first refit, which the constructor does from the model it is given.
+* rollout: ``llm.generate(prompt_token_ids, SamplingParams(n, temperature, top_p, top_k, max_tokens,
+  stop, logprobs=1, ...))``; each ``RequestOutput.outputs[i]`` has ``token_ids`` and ``logprobs`` (one
+  ``{token_id: Logprob}`` per generated token).
+* update phase: :meth:`release` puts the engine to sleep (``_collective_rpc("sleep", (tags,))``) so the
+  trainer has the GPU memory; the trainer calls it after the rollout.
+* refit (:meth:`sync_weights`): wake the weight memory, send the weights bucket by bucket as CUDA IPC
+  handles (``_collective_rpc("update_weights", ({device_uuid: base64(pickle([(name, handle), ...]))},))``),
+  finalise with ``update_weights(None)``, wake the KV cache, then the refit guard.
+
+Refit guard: a fixed probe prompt is sampled (temperature 1, fixed seed) and the engine's log-probs of
+its tokens are compared with the trainer's own (``policy.compute_logprobs``). A gap beyond
+``generation.trtllm.probe_tolerance`` raises :class:`RefitError` naming the first layer whose
+engine checksums (asked through the collective RPC) differ from what the trainer sent; stale or
+corrupted weights never generate silently. ``refit_metrics`` holds the last refit's time and gap.
+
+``import tensorrt_llm`` happens in the constructor only, so nothing imports it unless
+``generation.backend=trtllm``.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib
+import importlib.util
+import pickle
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from nemo_azr.contracts import Batch
+from nemo_azr.errors import ConfigError
+from nemo_azr.registry import GENERATION_BACKENDS
+from nemo_azr.rollout.assemble import pack_prompt_response
+from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.rollout.trtllm_weights import (
+    RefitError,
+    checksum_groups,
+    combine_rank_checksums,
+    compare_checksums,
+    engine_weights,
+    policy_hf_state,
+    tensor_buckets,
+)
+
+__all__ = ["EXTENSION_PATH", "TRTLLM_MISSING", "TRTLLMGenerationBackend", "trtllm_available"]
+
+#: The worker extension the engine loads (TensorRT-LLM's RLHF extension + per-parameter checksums).
+EXTENSION_PATH = "nemo_azr.rollout.trtllm_worker.RefitWorkerExtension"
+TRTLLM_MISSING = (
+    "generation.backend=trtllm needs TensorRT-LLM (import tensorrt_llm failed); it is not installable "
+    "on CPU machines: run in the GPU container of containers/Dockerfile (containers/README.md), or use "
+    "generation.backend=hf"
+)
+#: Seed of the probe's sampling: the same probe tokens every refit, for the same weights.
+PROBE_SEED = 1234
+_KV_TAG = "kv_cache"
+
+
+def trtllm_available() -> bool:
+    """Whether ``tensorrt_llm`` can be imported (without importing it)."""
+    if "tensorrt_llm" in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec("tensorrt_llm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _import_trtllm() -> Any:
+    try:
+        return importlib.import_module("tensorrt_llm")
+    except ImportError as e:
+        raise ConfigError(TRTLLM_MISSING) from e
+
+
+def _engine_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    return model_dtype if name == "auto" else getattr(torch, name)
+
+
+@GENERATION_BACKENDS.register("trtllm")
+class TRTLLMGenerationBackend:
+    """A TensorRT-LLM engine refitted from the trainer after every update (``generation=trtllm``)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, cfg) -> None:
+        """``model``: the policy's HF-layout model (its config starts the engine, its weights are the
+        first refit); ``cfg``: the ``generation`` config (``cfg.trtllm`` holds the engine keys)."""
+        trt = _import_trtllm()
+        from tensorrt_llm.llmapi import KvCacheConfig
+
+        self.cfg = cfg.trtllm
+        self._trt_sampling = trt.SamplingParams
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
+        self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
+        self.dtype = _engine_dtype(self.cfg.dtype, next(model.parameters()).dtype)
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+        self.version = 0
+        self.refit_metrics: dict[str, float] = {}
+        self._asleep: set[str] = set()
+        self.probe_ids = tokenizer(self.cfg.probe_prompt, add_special_tokens=False)["input_ids"]
+        if not self.probe_ids:
+            raise ConfigError("generation.trtllm.probe_prompt encodes to no tokens; give it some text")
+
+        # The engine reads the architecture (and the tokenizer) from a folder; load_format=dummy skips
+        # the weights, which arrive by refit below.
+        self._folder = tempfile.TemporaryDirectory(prefix="nemo_azr_trtllm_")
+        model.config.save_pretrained(self._folder.name)
+        tokenizer.save_pretrained(self._folder.name)
+        kwargs: dict[str, Any] = {
+            "model": self._folder.name,
+            "backend": "pytorch",
+            "load_format": "dummy",  # no checkpoint read: the trainer's weights arrive by refit
+            "tensor_parallel_size": self.cfg.tensor_parallel_size,
+            "dtype": self.cfg.dtype,
+            "kv_cache_config": KvCacheConfig(
+                free_gpu_memory_fraction=self.cfg.kv_cache_free_gpu_memory_fraction,
+                enable_block_reuse=False,  # a prefix cached under old weights must not be reused
+            ),
+            "max_batch_size": self.cfg.max_batch_size,
+            "orchestrator_type": "ray",  # the collective RPC (update_weights, sleep) needs Ray workers
+            "ray_worker_extension_cls": EXTENSION_PATH,
+            "enable_sleep": self.cfg.sleep,
+        }
+        if self.cfg.max_seq_len:
+            kwargs["max_seq_len"] = self.cfg.max_seq_len
+        self.llm = trt.LLM(**kwargs)
+        self._refit(model)  # version 0: the weights the engine starts from
+
+    # --- capabilities ---------------------------------------------------------------------------
+    def sync_weights(self, policy) -> None:
+        """Refit the engine from the trainer (HF policy, or megatron shards via their HF export),
+        bump ``version``, then check it with the probe (:class:`RefitError` on a mismatch)."""
+        self._refit(policy)
+        self.version += 1
+
+    def release(self) -> None:
+        """Put the engine to sleep (weights and KV cache memory released) for the update phase."""
+        if self.cfg.sleep and not self._asleep:
+            self.llm._collective_rpc("sleep", args=(list(self.cfg.sleep_tags),))
+            self._asleep = set(self.cfg.sleep_tags)
+
+    def flush_cache(self) -> None:
+        """Block reuse is off, so no prefix outlives a request."""
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+        self._folder.cleanup()
+
+    def _wake(self, tags: list[str]) -> None:
+        tags = [t for t in tags if t in self._asleep]
+        if tags:
+            self.llm._collective_rpc("wakeup", args=(tags,))
+            self._asleep -= set(tags)
+
+    # --- refit ----------------------------------------------------------------------------------
+    def _refit(self, source) -> None:
+        t0 = time.perf_counter()
+        self._wake([t for t in self.cfg.sleep_tags if t != _KV_TAG])  # weights first: the KV cache waits
+        state = policy_hf_state(source)
+        items = engine_weights(state, tie_word_embeddings=self.tie_word_embeddings)
+        bucket_bytes = self.cfg.refit_bucket_mb * 2**20
+        buckets = sent = 0
+        for bucket in tensor_buckets(items, bucket_bytes=bucket_bytes, dtype=self.dtype):
+            sent += self._send_bucket(bucket)
+            buckets += 1
+        self.llm._collective_rpc("update_weights", args=(None,))  # finalise (post-load processing)
+        self._wake([_KV_TAG])
+        t_sent = time.perf_counter()
+        gap, gap_mean = self._probe(source)
+        if gap > self.cfg.probe_tolerance:
+            self._fail(items, gap)
+        self.refit_metrics = {
+            "generation/refit_s": t_sent - t0,
+            "generation/probe_s": time.perf_counter() - t_sent,
+            "generation/probe_logprob_gap": gap,
+            "generation/probe_logprob_gap_mean": gap_mean,
+            "generation/refit_buckets": float(buckets),
+            "generation/refit_mb": sent / 2**20,
+        }
+
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
+        """One ``update_weights`` call; the bucket's engine-dtype copies live only during it."""
+        from tensorrt_llm._torch.utils import get_device_uuid
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        device = self.device or torch.device("cpu")
+        tensors = [(name, t.detach().to(device=device, dtype=self.dtype).contiguous()) for name, t in bucket]
+        handles = [(name, reduce_tensor(t)) for name, t in tensors]
+        index = device.index if device.type == "cuda" else 0
+        # CUDA handles travel pickled and base64-encoded (the extension unpickles them with a
+        # restricted unpickler); CPU tensors (no CUDA IPC) go as the plain list it also accepts.
+        payload: Any = base64.b64encode(pickle.dumps(handles)).decode() if device.type == "cuda" else handles
+        self.llm._collective_rpc("update_weights", args=({get_device_uuid(index): payload},))
+        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+        del tensors, handles
+        return nbytes
+
+    # --- refit guard ----------------------------------------------------------------------------
+    def _probe(self, source) -> tuple[float, float]:
+        """(max, mean) |engine - trainer| log-prob over the probe's sampled tokens (temperature 1)."""
+        sp = self._trt_sampling(
+            n=1,
+            max_tokens=self.cfg.probe_length,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            seed=PROBE_SEED,
+            logprobs=1,
+            ignore_eos=True,
+            detokenize=False,
+        )
+        out = self.llm.generate([list(self.probe_ids)], sp, use_tqdm=False)[0].outputs[0]
+        tokens = list(out.token_ids)
+        engine = torch.tensor(_sampled_logprobs(out.logprobs, tokens))
+        trainer = _trainer_logprobs(source, self.probe_ids, tokens, pad_id=self.pad_id)
+        diff = (engine - trainer).abs()
+        if not bool(torch.isfinite(diff).all()):
+            return float("inf"), float("inf")
+        return float(diff.max()), float(diff.mean())
+
+    def _fail(self, items: list[tuple[str, torch.Tensor]], gap: float) -> None:
+        per_rank = self.llm._collective_rpc("weight_checksums")
+        engine = combine_rank_checksums(list(per_rank))
+        trainer = checksum_groups(items, dtype=self.dtype)
+        bad = compare_checksums(trainer, engine, rtol=self.cfg.checksum_rtol)
+        tol = self.cfg.probe_tolerance
+        if bad:
+            more = (
+                f" ({len(bad) - 1} more: {', '.join(bad[1:4])}{'...' if len(bad) > 4 else ''})"
+                if bad[1:]
+                else ""
+            )
+            raise RefitError(
+                f"trtllm refit (policy version {self.version}): the engine's probe log-probs differ from "
+                f"the trainer's by {gap:.4g} > generation.trtllm.probe_tolerance={tol}; first bad layer: "
+                f"{bad[0]}{more} (its engine weights differ from those sent)"
+            )
+        raise RefitError(
+            f"trtllm refit (policy version {self.version}): the engine's probe log-probs differ from the "
+            f"trainer's by {gap:.4g} > generation.trtllm.probe_tolerance={tol}, yet every layer's weights "
+            "match what was sent: a numerics or model-config mismatch (dtype, rope scaling), not stale "
+            "weights; raise the tolerance only if that gap is expected for generation.trtllm.dtype"
+        )
+
+    # --- generation -----------------------------------------------------------------------------
+    def _sampling(self, sp: SamplingParams) -> Any:
+        kw: dict[str, Any] = {
+            "n": sp.n,
+            "max_tokens": sp.max_new_tokens,
+            "logprobs": 1,  # the sampled token's log-prob
+            # EOS as a stop token kept in the output (the contract's token_ids end with it)
+            "end_id": -1,
+            "pad_id": self.pad_id,
+            "stop_token_ids": [self.eos_id],
+            "include_stop_str_in_output": True,
+            "detokenize": False,
+            "seed": int(torch.randint(0, 2**31 - 1, ())),  # follows the trainer's seeding
+        }
+        if sp.greedy:
+            kw.update(temperature=1.0, top_p=1.0, top_k=1)
+        else:
+            kw.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
+        if sp.stop_strings:
+            kw["stop"] = list(sp.stop_strings)
+        return self._trt_sampling(**kw)
+
+    def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        self._wake(list(self.cfg.sleep_tags))  # a generate between release() and the refit (e.g. eval)
+        results = self.llm.generate(
+            [list(r.prompt_ids) for r in requests], self._sampling(sampling), use_tqdm=False
+        )
+        outputs = []
+        for req, res in zip(requests, results):
+            samples = [self._sample(c, sampling) for c in res.outputs[: sampling.n]]
+            outputs.append(GenerationOutput(request=req, samples=samples, policy_version=self.version))
+        return outputs
+
+    def _sample(self, completion, sp: SamplingParams) -> Sample:
+        """Contract sample from one ``CompletionOutput``: ends at EOS or the first stop string (found
+        in the decoded text, as the hf backend does, whatever the engine's token-level stop did)."""
+        tokens = list(completion.token_ids)[: sp.max_new_tokens]
+        logps = _sampled_logprobs(completion.logprobs, tokens)
+        reason, end = "length", len(tokens)
+        for t, tok in enumerate(tokens):
+            if tok == self.eos_id:
+                reason, end = "eos", t + 1
+                break
+            if sp.stop_strings:
+                text = self.tokenizer.decode(tokens[: t + 1], skip_special_tokens=True)
+                if any(s in text for s in sp.stop_strings):
+                    reason, end = "stop", t + 1
+                    break
+        tokens, logps = tokens[:end], logps[:end]
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Sample(token_ids=tokens, logprobs=logps, text=text, finish_reason=reason)
+
+
+def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
+    """The log-prob of each sampled token from the engine's per-token ``{token_id: Logprob}`` dicts
+    (plain floats are accepted too)."""
+    if logprobs is None or len(logprobs) < len(tokens):
+        raise RefitError(
+            "the TensorRT-LLM engine returned no log-prob for some generated tokens (SamplingParams.logprobs=1)"
+        )
+    out = []
+    for tok, entry in zip(tokens, logprobs):
+        if isinstance(entry, dict):
+            if tok not in entry:
+                raise RefitError(
+                    f"the TensorRT-LLM engine's log-probs miss the sampled token {tok}; this backend needs a "
+                    "TensorRT-LLM whose logprobs include the sampled token (containers/Dockerfile pins one)"
+                )
+            entry = entry[tok]
+        out.append(float(getattr(entry, "logprob", entry)))
+    return out
+
+
+@torch.no_grad()
+def _trainer_logprobs(source, prompt: list[int], tokens: list[int], *, pad_id: int) -> torch.Tensor:
+    """The trainer's log-probs (temperature 1) of ``tokens`` after ``prompt``: the policy's own
+    ``compute_logprobs`` (megatron: collective), or a plain forward of an HF model (the first refit)."""
+    packed = pack_prompt_response([prompt], [tokens], None, pad_id=pad_id)
+    mask = packed["loss_mask"][0] > 0
+    if hasattr(source, "compute_logprobs"):
+        # The probe samples at temperature 1 (raw and processed log-probs agree there): score it alike.
+        saved = source.temperature
+        source.temperature = 1.0
+        try:
+            return source.compute_logprobs(Batch(packed))[0][mask].float()
+        finally:
+            source.temperature = saved
+    model = source if isinstance(source, torch.nn.Module) else source.model
+    device = next(model.parameters()).device
+    logits = (
+        model(
+            input_ids=packed["input_ids"].to(device),
+            attention_mask=packed["attention_mask"].to(device),
+            position_ids=packed["position_ids"].to(device),
+        )
+        .logits[0, :-1]
+        .float()
+    )
+    lp = logits.log_softmax(-1).gather(-1, packed["input_ids"][0, 1:, None].to(device))[:, 0]
+    return lp[mask[1:].to(device)].cpu()

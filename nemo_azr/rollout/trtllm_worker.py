@@ -1,0 +1,23 @@
+"""Worker extension loaded inside TensorRT-LLM's GPU workers (``ray_worker_extension_cls``).
+
+TensorRT-LLM's RLHF extension brings ``update_weights`` (CUDA IPC handles, then ``None`` to
+finalise); this subclass adds per-parameter checksums, which the refit guard asks for through the
+LLM's collective RPC when the probe log-probs disagree with the trainer's. Imported only by the
+engine's workers (by its dotted path), never by ``import nemo_azr``: it needs ``tensorrt_llm``.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensorrt_llm.llmapi.rlhf_utils import WorkerExtension
+
+
+class RefitWorkerExtension(WorkerExtension):
+    @torch.no_grad()
+    def weight_checksums(self) -> dict[str, tuple[float, float, int]]:
+        """{engine parameter name: (float64 sum, sum of squares, numel)} of this rank's parameters."""
+        out = {}
+        for name, p in self.engine.model_engine.model.named_parameters():
+            t = p.detach().double()
+            out[name] = (float(t.sum()), float((t * t).sum()), t.numel())
+        return out
