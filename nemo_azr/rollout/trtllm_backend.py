@@ -69,8 +69,8 @@ _KV_TAG = "kv_cache"
 
 def trtllm_available() -> bool:
     """Whether ``tensorrt_llm`` can be imported (without importing it)."""
-    if "tensorrt_llm" in sys.modules:
-        return True
+    if "tensorrt_llm" in sys.modules:  # imported already (None: marked as not importable)
+        return sys.modules["tensorrt_llm"] is not None
     try:
         return importlib.util.find_spec("tensorrt_llm") is not None
     except (ImportError, ValueError):
@@ -191,20 +191,32 @@ class TRTLLMGenerationBackend:
         }
 
     def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
-        """One ``update_weights`` call; the bucket's engine-dtype copies live only during it."""
+        """One ``update_weights`` call carrying the bucket for every engine rank (each reads the handles
+        of its own device); the bucket's engine-dtype copies live only during the call."""
         from tensorrt_llm._torch.utils import get_device_uuid
         from torch.multiprocessing.reductions import reduce_tensor
 
-        device = self.device or torch.device("cpu")
-        tensors = [(name, t.detach().to(device=device, dtype=self.dtype).contiguous()) for name, t in bucket]
-        handles = [(name, reduce_tensor(t)) for name, t in tensors]
-        index = device.index if device.type == "cuda" else 0
-        # CUDA handles travel pickled and base64-encoded (the extension unpickles them with a
-        # restricted unpickler); CPU tensors (no CUDA IPC) go as the plain list it also accepts.
-        payload: Any = base64.b64encode(pickle.dumps(handles)).decode() if device.type == "cuda" else handles
-        self.llm._collective_rpc("update_weights", args=({get_device_uuid(index): payload},))
-        nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
-        del tensors, handles
+        payload: dict[str, Any] = {}
+        keep = []  # the tensors behind the handles stay alive until the engine has loaded them
+        for index in range(self.cfg.tensor_parallel_size):
+            # engine rank r runs on local GPU r; on CPU (no CUDA IPC) every rank shares one copy
+            device = torch.device("cuda", index) if self.device is not None else torch.device("cpu")
+            if device.type == "cpu" and keep:
+                tensors = keep[0]
+            else:
+                tensors = [
+                    (n, t.detach().to(device=device, dtype=self.dtype).contiguous()) for n, t in bucket
+                ]
+                keep.append(tensors)
+            handles = [(name, reduce_tensor(t)) for name, t in tensors]
+            # CUDA handles travel pickled and base64-encoded (the extension unpickles them with a
+            # restricted unpickler); CPU tensors go as the plain list it also accepts.
+            payload[get_device_uuid(index)] = (
+                base64.b64encode(pickle.dumps(handles)).decode() if device.type == "cuda" else handles
+            )
+        self.llm._collective_rpc("update_weights", args=(payload,))
+        nbytes = sum(t.numel() * t.element_size() for _, t in keep[0])
+        del keep, payload
         return nbytes
 
     # --- refit guard ----------------------------------------------------------------------------

@@ -1,0 +1,295 @@
+"""The trtllm backend's refit against the fake TensorRT-LLM (tests/fakes/fake_tensorrt_llm.py): the
+engine start arguments, bucketed update_weights calls, sleep/wake order, the refit guard naming a
+corrupted or stale layer, the lazy import and its one-line error, and the trainer's refit metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.errors import ConfigError
+from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.tiny import load_tokenizer
+from nemo_azr.rollout.base import GenerationRequest, SamplingParams
+from nemo_azr.rollout.trtllm_weights import (
+    RefitError,
+    checksum_groups,
+    combine_rank_checksums,
+    compare_checksums,
+    engine_weights,
+    tensor_buckets,
+)
+from tests.fakes import fake_tensorrt_llm as fake
+
+
+@pytest.fixture
+def trt(monkeypatch):
+    return fake.install(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_path):
+    cfg = NemoAzrConfig()
+    cfg.generation.backend = "trtllm"
+    return HFPolicy(tiny_model_path, cfg, trainable=True)
+
+
+def _backend(policy, tiny_model_path, **trtllm):
+    from nemo_azr.rollout.trtllm_backend import TRTLLMGenerationBackend
+
+    cfg = NemoAzrConfig().generation
+    cfg.backend = "trtllm"
+    for key, value in trtllm.items():
+        setattr(cfg.trtllm, key, value)
+    return TRTLLMGenerationBackend(policy.model, load_tokenizer(tiny_model_path), cfg=cfg)
+
+
+def _worker(backend):
+    return backend.llm.workers[0]
+
+
+def test_engine_starts_dummy_with_the_refit_extension_and_is_refitted_once(trt, policy, tiny_model_path):
+    b = _backend(policy, tiny_model_path, tensor_parallel_size=2, kv_cache_free_gpu_memory_fraction=0.3)
+    kw = b.llm.init_kwargs
+    assert kw["load_format"] == "dummy" and kw["enable_sleep"] and kw["tensor_parallel_size"] == 2
+    assert (
+        kw["kv_cache_config"].free_gpu_memory_fraction == 0.3 and not kw["kv_cache_config"].enable_block_reuse
+    )
+    assert b.version == 0
+    for w in b.llm.workers:  # every TP rank got every weight and one finalise
+        assert type(w).__mro__[1].__name__ == "RefitWorkerExtension" and w.finalized == 1
+        for name, p in w.engine.model_engine.model.state_dict().items():
+            torch.testing.assert_close(p, policy.model.state_dict()[name], rtol=0, atol=0)
+    assert b.refit_metrics["generation/probe_logprob_gap"] < 1e-4
+
+
+def test_refit_is_sent_in_buckets_no_bigger_than_configured(trt, policy, tiny_model_path):
+    mb = 0.05
+    b = _backend(policy, tiny_model_path, refit_bucket_mb=mb)
+    w = _worker(b)
+    sizes = w.bucket_bytes
+    items = engine_weights(policy.model.state_dict(), tie_word_embeddings=b.tie_word_embeddings)
+    largest = max(t.numel() * t.element_size() for _, t in items)
+    expected = list(tensor_buckets(items, bucket_bytes=int(mb * 2**20), dtype=torch.float32))
+    assert len(sizes) == len(expected) > 3
+    assert all(s <= max(mb * 2**20, largest) for s in sizes)
+    assert sum(sizes) == sum(t.numel() * t.element_size() for _, t in items)
+    assert b.refit_metrics["generation/refit_buckets"] == len(expected)
+
+
+def test_tied_head_is_not_sent():
+    state = {
+        "model.embed_tokens.weight": torch.ones(4, 2),
+        "lm_head.weight": torch.ones(4, 2),
+        "x": torch.ones(1),
+    }
+    assert [n for n, _ in engine_weights(state, tie_word_embeddings=True)] == [
+        "model.embed_tokens.weight",
+        "x",
+    ]
+    assert len(engine_weights(state, tie_word_embeddings=False)) == 3
+
+
+def test_sleep_during_update_and_wake_order_around_the_refit(trt, policy, tiny_model_path):
+    b = _backend(policy, tiny_model_path)
+    w = _worker(b)
+    w.log.clear()
+    b.release()
+    assert w.asleep == set(fake.SLEEP_TAGS)
+    b.sync_weights(policy)
+    kinds = [k for k, _ in w.log]
+    assert kinds[0] == "sleep" and kinds[1] == "wakeup" and "kv_cache" not in w.log[1][1]
+    finalise = w.log.index(("update_weights", None))
+    assert kinds[2:finalise] == ["update_weights"] * (finalise - 2) and finalise > 2
+    assert w.log[finalise + 1 :] == [("wakeup", ("kv_cache",)), ("generate", 1)]
+    assert not w.asleep and b.version == 1
+
+
+def test_generate_while_released_wakes_the_engine_first(trt, policy, tiny_model_path):
+    b = _backend(policy, tiny_model_path)
+    b.release()
+    out = b.generate([GenerationRequest([5, 6, 7])], SamplingParams(n=2, max_new_tokens=3))
+    assert not _worker(b).asleep and len(out[0].samples) == 2
+
+
+def _perturb_layer(monkeypatch, prefix: str) -> None:
+    """The engine's loader corrupts every tensor of one layer (as a wrong name or layout mapping would)."""
+    real = fake.ModelLoader.reload
+
+    def reload(self, model, weights, allow_partial_loading):
+        real(self, model, weights, allow_partial_loading)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.startswith(prefix) and name in weights:
+                    p.add_(0.5)
+
+    monkeypatch.setattr(fake.ModelLoader, "reload", reload)
+
+
+def test_a_corrupted_layer_is_named_by_the_refit_guard(trt, policy, tiny_model_path, monkeypatch):
+    b = _backend(policy, tiny_model_path)
+    _perturb_layer(monkeypatch, "model.layers.1.")
+    with pytest.raises(RefitError, match=r"first bad layer: model\.layers\.1 \(its engine weights"):
+        b.sync_weights(policy)
+
+
+def test_stale_weights_after_a_dropped_bucket_are_named(trt, policy, tiny_model_path, monkeypatch):
+    """The engine ignores layer 0's names (partial loading keeps the old values): the policy moved on,
+    so the engine generates from stale weights unless the guard stops it."""
+    b = _backend(policy, tiny_model_path)
+    real = fake.ModelLoader.reload
+
+    def reload(self, model, weights, allow_partial_loading):
+        kept = {k: v for k, v in weights.items() if not k.startswith("model.layers.0.")}
+        real(self, model, kept, allow_partial_loading)
+
+    monkeypatch.setattr(fake.ModelLoader, "reload", reload)
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    try:
+        with torch.no_grad():
+            for name, p in policy.model.named_parameters():
+                if name.startswith("model.layers.0."):
+                    p.mul_(-1.5)
+        with pytest.raises(RefitError, match=r"first bad layer: model\.layers\.0\b"):
+            b.sync_weights(policy)
+    finally:
+        policy.model.load_state_dict(saved)
+
+
+def test_a_logprob_gap_with_matching_weights_is_a_numerics_error(trt, policy, tiny_model_path, monkeypatch):
+    b = _backend(policy, tiny_model_path)
+    real = fake.LLM._one
+
+    def shifted(self, *args):  # e.g. a kernel or rope-config mismatch: weights right, log-probs off
+        out = real(self, *args)
+        for c in out.outputs:
+            c.logprobs = [
+                {k: fake.Logprob(v.logprob - 1.0, v.rank) for k, v in d.items()} for d in c.logprobs
+            ]
+        return out
+
+    monkeypatch.setattr(fake.LLM, "_one", shifted)
+    with pytest.raises(RefitError, match="every layer's weights match what was sent"):
+        b.sync_weights(policy)
+
+
+def test_logprobs_without_the_sampled_token_are_refused():
+    from nemo_azr.rollout.trtllm_backend import _sampled_logprobs
+
+    assert _sampled_logprobs([{3: fake.Logprob(-0.1, 1), 7: fake.Logprob(-2.0, 4)}], [7]) == [-2.0]
+    with pytest.raises(RefitError, match="miss the sampled token 7"):
+        _sampled_logprobs([{3: fake.Logprob(-0.1, 1)}], [7])
+
+
+def test_checksums_are_layout_invariant_and_find_the_first_bad_layer():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(4, 3, generator=g) for _ in range(3))
+    norm, emb = torch.randn(3, generator=g), torch.randn(6, 3, generator=g)
+    trainer = checksum_groups(
+        [
+            ("model.embed_tokens.weight", emb),
+            ("model.layers.0.self_attn.q_proj.weight", q),
+            ("model.layers.0.self_attn.k_proj.weight", k),
+            ("model.layers.0.self_attn.v_proj.weight", v),
+            ("model.layers.0.input_layernorm.weight", norm),
+        ],
+        dtype=torch.float32,
+    )
+    qkv = torch.cat(
+        [q, k, v]
+    )  # the engine's fused layout, split over 2 TP ranks; norm replicated; vocab padded
+    ranks = [
+        {
+            "model.embed_tokens.weight": tuple(
+                _sums(torch.cat([emb, torch.zeros(2, 3)])[: 4 * (r + 1)][4 * r :])
+            ),
+            "model.layers.0.self_attn.qkv_proj.weight": tuple(_sums(qkv.chunk(2)[r])),
+            "model.layers.0.input_layernorm.weight": tuple(_sums(norm)),
+        }
+        for r in range(2)
+    ]
+    engine = combine_rank_checksums(ranks)
+    assert compare_checksums(trainer, engine, rtol=1e-6) == []
+    ranks[1]["model.layers.0.self_attn.qkv_proj.weight"] = tuple(_sums(qkv.chunk(2)[1] * 1.01))
+    assert compare_checksums(trainer, combine_rank_checksums(ranks), rtol=1e-6) == ["model.layers.0"]
+    assert compare_checksums(trainer, {}, rtol=1e-6) == ["model.embed_tokens", "model.layers.0"]
+
+
+def _sums(t: torch.Tensor) -> tuple[float, float, int]:
+    t = t.double()
+    return float(t.sum()), float((t * t).sum()), t.numel()
+
+
+def test_missing_tensorrt_llm_is_one_config_error_naming_the_container(monkeypatch, policy, tiny_model_path):
+    from nemo_azr.config.loader import load_config
+
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import tensorrt_llm raises ImportError
+    with pytest.raises(ConfigError, match="containers/Dockerfile") as err:
+        _backend(policy, tiny_model_path)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="generation.backend=trtllm needs TensorRT-LLM"):
+        load_config(["generation=trtllm", "logger=quiet"])
+
+
+def test_nothing_imports_tensorrt_llm_unless_asked():
+    code = (
+        "import sys, nemo_azr.rollout, nemo_azr.trainer.trainer, nemo_azr.cli\n"
+        "from nemo_azr.config.loader import load_config\n"
+        "load_config(['logger=quiet'])\n"
+        "assert not any(m.startswith('tensorrt_llm') for m in sys.modules), 'imported'\n"
+        "assert 'nemo_azr.rollout.trtllm_worker' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("generation.trtllm.kv_cache_free_gpu_memory_fraction=1.5", "must be in \\(0, 1\\)"),
+        ("generation.trtllm.max_batch_size=2", "must be >= generation.n_samples=8"),
+        ("generation.trtllm.refit_bucket_mb=0", "refit_bucket_mb must be > 0"),
+        ("generation.trtllm.probe_length=0", "probe_length must be >= 1"),
+        ("generation.trtllm.dtype=int8", "generation.trtllm.dtype='int8' is not one of"),
+        ("generation.dtype=bfloat16", "the trtllm engine's dtype is generation.trtllm.dtype"),
+    ],
+)
+def test_bad_trtllm_keys_are_config_errors(trt, override, message):
+    from nemo_azr.config.loader import load_config
+
+    cfg = load_config(["generation=trtllm", "logger=quiet"])
+    assert cfg.generation.trtllm.refit_bucket_mb == 512 and cfg.generation.backend == "trtllm"
+    with pytest.raises(ConfigError, match=message):
+        load_config(["generation=trtllm", "logger=quiet", override])
+
+
+def test_trainer_logs_refit_time_and_probe_gap_and_sleeps_each_step(trt, tiny_cache, tmp_path):
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.trainer.trainer import Trainer
+
+    cfg = load_config(
+        [
+            "generation=trtllm",
+            "logger=quiet",
+            f"model.tiny.cache_dir={tiny_cache}",
+            f"trainer.output_dir={tmp_path}",
+            "trainer.device=cpu",
+            "sft_warmup.steps=0",
+            "data.prompts_per_step=2",
+            "generation.n_samples=2",
+            "generation.max_new_tokens=4",
+        ]
+    )
+    trainer = Trainer(cfg)
+    trainer.setup_generation()
+    worker = _worker(trainer.backend)
+    for step in range(2):
+        worker.log.clear()
+        metrics = trainer.train_step(step)
+        assert 0 <= metrics["generation/probe_logprob_gap"] < cfg.generation.trtllm.probe_tolerance
+        assert metrics["generation/refit_s"] > 0 and metrics["generation/refit_buckets"] == 1
+        assert [k for k, _ in worker.log].count("sleep") == 1
+    assert trainer.backend.version == 2 == metrics["trainer/policy_version"]
