@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The megatron backend's GPU checks in one command, for a GPU machine without network access:
 #   tests/gpu (nccl, bf16, TE spec when importable, GRPO steps incl. the distributed optimizer and
-#   generation.backend=megatron) and benchmarks/megatron_tokens_per_s.py (~0.5B model, bf16).
+#   generation.backend=megatron), the generation contract suite with the real TensorRT-LLM where it
+#   imports (generation=trtllm), and benchmarks/megatron_tokens_per_s.py (~0.5B model, bf16).
 # Needs python3 with CUDA torch + transformers, and .gpu_wheels/ from scripts/gpu_wheels.sh for the
 # rest. Results and logs go to $OUT (default: ./gpu_out). Keeps going when a step fails; exit 1 then.
 #   device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu_wheels"])
@@ -13,7 +14,7 @@ status=0
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
-  for mod in transformers megatron.core transformer_engine triton; do
+  for mod in transformers megatron.core transformer_engine triton tensorrt_llm; do
     python3 -c "import $mod; print('$mod', getattr($mod, '__version__', 'present'))" 2>/dev/null || echo "$mod missing"
   done
 } > "$OUT/env.txt" 2>&1
@@ -32,6 +33,15 @@ pip install --quiet --no-index --no-deps --no-build-isolation -e . >> "$OUT/inst
 timeout 240 python -m pytest -q tests/gpu -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
   > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/gpu_tests.log"
+
+# generation=trtllm: the backend contract suite against the real TensorRT-LLM (docs/generation.md).
+if python -c "import tensorrt_llm" >> "$OUT/trtllm_tests.log" 2>&1; then
+  NEMO_AZR_TRTLLM=real timeout 600 python -m pytest -q tests/unit/test_generation_contract.py -k trtllm \
+    -p no:cacheprovider --junitxml="$OUT/trtllm_junit.xml" >> "$OUT/trtllm_tests.log" 2>&1 || status=1
+  tail -n 15 "$OUT/trtllm_tests.log"
+else
+  echo "tensorrt_llm not importable: trtllm contract suite not run (see trtllm_tests.log)"
+fi
 
 timeout 300 python benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
 tail -n 15 "$OUT/benchmark.log"

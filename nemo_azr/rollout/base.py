@@ -4,7 +4,9 @@ Required: ``generate(requests, sampling) -> list[GenerationOutput]``.
 Optional capabilities (duck-typed, see :func:`has_capability`): ``sync_weights(policy)``,
 ``release()``, ``flush_cache()`` and a ``version`` attribute counting weight syncs. Colocated
 backends copy weights in ``sync_weights``; a disaggregated engine implements the same call over
-its transport, so the trainer never changes.
+its transport, so the trainer never changes. The trainer calls ``release()`` once a step's rollout is
+done (an engine frees its GPU memory for the update: trtllm sleeps) and, after ``sync_weights``,
+logs a backend's ``refit_metrics`` dict when it has one. docs/generation.md has the contract suite.
 """
 
 from __future__ import annotations
