@@ -81,6 +81,25 @@ def test_refit_is_sent_in_buckets_no_bigger_than_configured(trt, policy, tiny_mo
     assert b.refit_metrics["generation/refit_buckets"] == len(expected)
 
 
+def test_engine_dtype_is_what_the_refit_casts_to(trt, policy, tiny_model_path):
+    b = _backend(policy, tiny_model_path, dtype="bfloat16", probe_tolerance=1.0)
+    engine = _worker(b).engine.model_engine.model.state_dict()
+    for name, p in policy.model.state_dict().items():
+        assert engine[name].dtype == torch.bfloat16
+        torch.testing.assert_close(engine[name], p.to(torch.bfloat16), rtol=0, atol=0)
+    full = _backend(policy, tiny_model_path).refit_metrics["generation/refit_mb"]
+    assert b.refit_metrics["generation/refit_mb"] == pytest.approx(full / 2)
+    assert 0 < b.refit_metrics["generation/probe_logprob_gap"] < 1.0
+
+
+def test_sleep_false_keeps_the_engine_awake(trt, policy, tiny_model_path):
+    b = _backend(policy, tiny_model_path, sleep=False)
+    b.release()
+    b.sync_weights(policy)
+    assert not any(kind in ("sleep", "wakeup") for kind, _ in _worker(b).log)
+    assert not b.llm.init_kwargs["enable_sleep"]
+
+
 def test_tied_head_is_not_sent():
     state = {
         "model.embed_tokens.weight": torch.ones(4, 2),
