@@ -84,8 +84,14 @@ def _import_trtllm() -> Any:
         raise ConfigError(TRTLLM_MISSING) from e
 
 
-def _engine_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    return model_dtype if name == "auto" else getattr(torch, name)
+def _engine_dtype(name: str, model: torch.nn.Module) -> torch.dtype:
+    """The engine's weight dtype: ``auto`` is the one the engine reads from the saved model config."""
+    if name != "auto":
+        return getattr(torch, name)
+    dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return dtype if isinstance(dtype, torch.dtype) else next(model.parameters()).dtype
 
 
 @GENERATION_BACKENDS.register("trtllm")
@@ -104,7 +110,7 @@ class TRTLLMGenerationBackend:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
-        self.dtype = _engine_dtype(self.cfg.dtype, next(model.parameters()).dtype)
+        self.dtype = _engine_dtype(self.cfg.dtype, model)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self.version = 0
         self.refit_metrics: dict[str, float] = {}
@@ -136,13 +142,13 @@ class TRTLLMGenerationBackend:
         if self.cfg.max_seq_len:
             kwargs["max_seq_len"] = self.cfg.max_seq_len
         self.llm = trt.LLM(**kwargs)
-        self._refit(model)  # version 0: the weights the engine starts from
+        self._refit(model, version=0)  # the weights the engine starts from
 
     # --- capabilities ---------------------------------------------------------------------------
     def sync_weights(self, policy) -> None:
         """Refit the engine from the trainer (HF policy, or megatron shards via their HF export),
         bump ``version``, then check it with the probe (:class:`RefitError` on a mismatch)."""
-        self._refit(policy)
+        self._refit(policy, version=self.version + 1)
         self.version += 1
 
     def release(self) -> None:
@@ -165,7 +171,7 @@ class TRTLLMGenerationBackend:
             self._asleep -= set(tags)
 
     # --- refit ----------------------------------------------------------------------------------
-    def _refit(self, source) -> None:
+    def _refit(self, source, *, version: int) -> None:
         t0 = time.perf_counter()
         self._wake([t for t in self.cfg.sleep_tags if t != _KV_TAG])  # weights first: the KV cache waits
         state = policy_hf_state(source)
@@ -180,7 +186,7 @@ class TRTLLMGenerationBackend:
         t_sent = time.perf_counter()
         gap, gap_mean = self._probe(source)
         if gap > self.cfg.probe_tolerance:
-            self._fail(items, gap)
+            self._fail(items, gap, version)
         self.refit_metrics = {
             "generation/refit_s": t_sent - t0,
             "generation/probe_s": time.perf_counter() - t_sent,
@@ -242,7 +248,7 @@ class TRTLLMGenerationBackend:
             return float("inf"), float("inf")
         return float(diff.max()), float(diff.mean())
 
-    def _fail(self, items: list[tuple[str, torch.Tensor]], gap: float) -> None:
+    def _fail(self, items: list[tuple[str, torch.Tensor]], gap: float, version: int) -> None:
         per_rank = self.llm._collective_rpc("weight_checksums")
         engine = combine_rank_checksums(list(per_rank))
         trainer = checksum_groups(items, dtype=self.dtype)
@@ -255,12 +261,12 @@ class TRTLLMGenerationBackend:
                 else ""
             )
             raise RefitError(
-                f"trtllm refit (policy version {self.version}): the engine's probe log-probs differ from "
+                f"trtllm refit to policy version {version}: the engine's probe log-probs differ from "
                 f"the trainer's by {gap:.4g} > generation.trtllm.probe_tolerance={tol}; first bad layer: "
                 f"{bad[0]}{more} (its engine weights differ from those sent)"
             )
         raise RefitError(
-            f"trtllm refit (policy version {self.version}): the engine's probe log-probs differ from the "
+            f"trtllm refit to policy version {version}: the engine's probe log-probs differ from the "
             f"trainer's by {gap:.4g} > generation.trtllm.probe_tolerance={tol}, yet every layer's weights "
             "match what was sent: a numerics or model-config mismatch (dtype, rope scaling), not stale "
             "weights; raise the tolerance only if that gap is expected for generation.trtllm.dtype"
