@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import importlib
 import importlib.util
+import os
 import pickle
 import sys
 import tempfile
@@ -101,6 +102,15 @@ class TRTLLMGenerationBackend:
     def __init__(self, model: torch.nn.Module, tokenizer, *, cfg) -> None:
         """``model``: the policy's HF-layout model (its config starts the engine, its weights are the
         first refit); ``cfg``: the ``generation`` config (``cfg.trtllm`` holds the engine keys)."""
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            # Each rank would start an engine on the same local GPUs (engine rank r = GPU r).
+            raise ConfigError(
+                "generation.backend=trtllm drives one engine from one trainer process; with several "
+                "ranks (torchrun) use generation.backend=hf or megatron"
+            )
+        # Ray must leave CUDA_VISIBLE_DEVICES alone in the engine's workers, or their device index no
+        # longer names the GPU whose UUID keys the IPC handles (verl sets the same).
+        os.environ.setdefault("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
         trt = _import_trtllm()
         from tensorrt_llm.llmapi import KvCacheConfig
 

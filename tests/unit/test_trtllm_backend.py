@@ -100,6 +100,13 @@ def test_sleep_false_keeps_the_engine_awake(trt, policy, tiny_model_path):
     assert not b.llm.init_kwargs["enable_sleep"]
 
 
+def test_several_trainer_ranks_are_refused_in_one_line(trt, policy, tiny_model_path, monkeypatch):
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda *a: 2)
+    with pytest.raises(ConfigError, match="drives one engine from one trainer process"):
+        _backend(policy, tiny_model_path)
+
+
 def test_tied_head_is_not_sent():
     state = {
         "model.embed_tokens.weight": torch.ones(4, 2),
