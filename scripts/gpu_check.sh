@@ -39,6 +39,11 @@ if python -c "import tensorrt_llm" >> "$OUT/trtllm_tests.log" 2>&1; then
   NEMO_AZR_TRTLLM=real timeout 600 python -m pytest -q tests/unit/test_generation_contract.py -k trtllm \
     -p no:cacheprovider --junitxml="$OUT/trtllm_junit.xml" >> "$OUT/trtllm_tests.log" 2>&1 || status=1
   tail -n 15 "$OUT/trtllm_tests.log"
+  # three GRPO steps with the engine: metrics.jsonl must carry the refit time and the probe gap
+  timeout 600 nemo-azr train generation=trtllm trainer.device=cuda trainer.max_steps=3 sft_warmup.steps=0 \
+    logger=quiet trainer.output_dir="$OUT/trtllm_train" >> "$OUT/trtllm_train.log" 2>&1 \
+    && grep -q generation/probe_logprob_gap "$OUT/trtllm_train/metrics.jsonl" || status=1
+  tail -n 5 "$OUT/trtllm_train.log"
 else
   echo "tensorrt_llm not importable: trtllm contract suite not run (see trtllm_tests.log)"
 fi

@@ -64,6 +64,9 @@ def _config(name: str) -> NemoAzrConfig:
     cfg.generation.temperature = TEMPERATURE
     cfg.generation.backend = "trtllm" if name.startswith("trtllm") else name.split("_")[0]
     cfg.generation.trtllm.probe_tolerance = LOGPROB_ATOL * 10
+    # a real engine without float32 kernels: NEMO_AZR_TRTLLM_DTYPE=bfloat16 (scripts/gpu_check.sh)
+    cfg.generation.trtllm.dtype = os.environ.get("NEMO_AZR_TRTLLM_DTYPE", "auto")
+    cfg.generation.trtllm.kv_cache_free_gpu_memory_fraction = 0.2
     cfg.optim.lr = 0.05
     cfg.algorithm.micro_batch_size = 8
     if name.endswith("megatron"):
