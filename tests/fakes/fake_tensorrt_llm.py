@@ -23,13 +23,14 @@ What it reproduces, from TensorRT-LLM's LLM API (PyTorch backend) and its RLHF w
 * ``sleep(tags)`` / ``wakeup(tags)`` (``enable_sleep=True``): released weights are lost until wakeup
   (filled with NaN here), and generating or loading weights into released memory is an error.
 
-Generation decodes with the HF model built from the folder's config on CPU (full forward per step).
+Generation decodes with the HF model built from the folder's config on CPU (KV-cached, one sample at a time).
 """
 
 from __future__ import annotations
 
 import base64
 import importlib
+import inspect
 import io
 import pickle
 import sys
@@ -308,11 +309,15 @@ class LLM:
         end_id = self.tokenizer.eos_token_id if sp.end_id is None else sp.end_id
         stop_ids = [self.tokenizer.encode(s, add_special_tokens=False) for s in _as_list(sp.stop)]
         temperature = 1.0 if sp.temperature is None else sp.temperature
+        # transformers >= 5.x names the KV cache `cache` (in and out); earlier ones `past_key_values`
+        cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         outputs = []
         for k in range(sp.n):
-            seq, toks, lps, reason = list(prompt), [], [], "length"
+            toks, lps, reason = [], [], "length"
+            step, past = torch.tensor([prompt]), None  # the prompt, then one new token per step (KV cache)
             for _ in range(sp.max_tokens):
-                logits = model(input_ids=torch.tensor([seq]), logits_to_keep=1).logits[0, -1].float()
+                out = model(input_ids=step, use_cache=True, logits_to_keep=1, **{cache_kw: past})
+                logits, past = out.logits[0, -1].float(), getattr(out, cache_kw)
                 logp = (logits / temperature).log_softmax(-1)
                 tok = self._draw(logp, sp, gen)
                 top = torch.topk(logp, sp.logprobs or 1)
@@ -323,7 +328,7 @@ class LLM:
                 if tok == end_id and end_id != -1 and not sp.ignore_eos:
                     reason = "stop"
                     break
-                seq.append(tok)
+                step = torch.tensor([[tok]])
                 toks.append(tok)
                 lps.append(entry)
                 if tok in (sp.stop_token_ids or []) or any(
