@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 
 
@@ -66,3 +67,15 @@ def pack_prompt_response(
     if response_logprobs is not None:
         out[F.ROLLOUT_LOGPROBS] = logp
     return out
+
+
+def rollout_logprob_gap(batch: Batch) -> dict[str, float]:
+    """The engine's vs the trainer's log-probs of the same tokens (the train/inference mismatch):
+    mean and max |rollout_logprobs - old_logprobs| over loss-masked tokens; {} without both."""
+    if F.ROLLOUT_LOGPROBS not in batch.tensors or F.OLD_LOGPROBS not in batch.tensors:
+        return {}
+    mask = batch[F.LOSS_MASK] > 0
+    if not bool(mask.any()):
+        return {}
+    gap = (batch[F.ROLLOUT_LOGPROBS].float() - batch[F.OLD_LOGPROBS].float().cpu()).abs()[mask]
+    return {"generation/logprob_gap_mean": float(gap.mean()), "generation/logprob_gap_max": float(gap.max())}

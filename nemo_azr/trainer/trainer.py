@@ -30,6 +30,7 @@ from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError, ConfigError, RewardError
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
+from nemo_azr.rollout.assemble import rollout_logprob_gap
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
@@ -310,6 +311,7 @@ class Trainer:
             batch.info[OLD_LOGPROBS_FROM_UPDATE] = True
         else:
             batch[F.OLD_LOGPROBS] = self.policy.compute_logprobs(batch)
+            metrics.update(rollout_logprob_gap(batch))  # the generation engine's vs the trainer's
         if self.ref is not None:
             batch[F.REF_LOGPROBS] = self.ref.compute_logprobs(batch)
             if alg.kl.mode == "reward":

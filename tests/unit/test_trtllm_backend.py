@@ -307,6 +307,7 @@ def test_trainer_logs_refit_time_and_probe_gap_and_sleeps_each_step(trt, tiny_ca
             "data.prompts_per_step=2",
             "generation.n_samples=2",
             "generation.max_new_tokens=4",
+            "algorithm.reuse_update_logprobs=false",  # old log-probs computed apart: the batch gap is logged
         ]
     )
     trainer = Trainer(cfg)
@@ -318,4 +319,22 @@ def test_trainer_logs_refit_time_and_probe_gap_and_sleeps_each_step(trt, tiny_ca
         assert 0 <= metrics["generation/probe_logprob_gap"] < cfg.generation.trtllm.probe_tolerance
         assert metrics["generation/refit_s"] > 0 and metrics["generation/refit_buckets"] == 1
         assert [k for k, _ in worker.log].count("sleep") == 1
+        assert 0 <= metrics["generation/logprob_gap_mean"] <= metrics["generation/logprob_gap_max"] < 1e-4
     assert trainer.backend.version == 2 == metrics["trainer/policy_version"]
+
+
+def test_rollout_logprob_gap_is_over_loss_masked_tokens():
+    from nemo_azr.contracts import Batch
+    from nemo_azr.contracts import fields as F
+    from nemo_azr.rollout.assemble import pack_prompt_response, rollout_logprob_gap
+
+    batch = Batch(pack_prompt_response([[1, 2]], [[3, 4, 5]], [[-1.0, -2.0, -3.0]], pad_id=0))
+    assert rollout_logprob_gap(batch) == {}
+    old = batch[F.ROLLOUT_LOGPROBS].clone()
+    old[0, 2:] += torch.tensor([0.5, 0.0, -0.25])
+    old[0, 0] = 9.0  # a prompt column: not a generated token
+    batch[F.OLD_LOGPROBS] = old
+    assert rollout_logprob_gap(batch) == {
+        "generation/logprob_gap_mean": 0.25,
+        "generation/logprob_gap_max": 0.5,
+    }
