@@ -198,8 +198,8 @@ class TRTLLMGenerationBackend:
         if gap > self.cfg.probe_tolerance:
             self._fail(items, gap, version)
         self.refit_metrics = {
-            "generation/refit_s": t_sent - t0,
-            "generation/probe_s": time.perf_counter() - t_sent,
+            "timing/engine_refit_s": t_sent - t0,
+            "timing/engine_probe_s": time.perf_counter() - t_sent,
             "generation/probe_logprob_gap": gap,
             "generation/probe_logprob_gap_mean": gap_mean,
             "generation/refit_buckets": float(buckets),
