@@ -298,6 +298,8 @@ def write_report(results: dict, meta: dict) -> None:
             f"Overrides: `{' '.join(res['overrides']) or '(none)'}`; run {res['date']}.",
             "",
         ]
+        if res.get("note"):
+            lines += [f"Note: {res['note']}", ""]
         t = res["train"]
         lines.append(
             f"Training reward (mean of the first / last {WINDOW} steps): {t['reward_first5']:.3f} -> {t['reward_last5']:.3f}."
@@ -341,6 +343,13 @@ def main() -> None:
     parser.add_argument(
         "--report-only", action="store_true", help="rewrite real_model.md from real_model.json"
     )
+    parser.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="NAME=TEXT",
+        help="a note printed under an experiment's section (e.g. the machine was shared during the run)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every command")
     args = parser.parse_args()
     RESULTS_DIR.mkdir(exist_ok=True)
@@ -351,6 +360,15 @@ def main() -> None:
         res["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         res["machine"] = meta
         results[name] = res
+        RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
+    for note in args.note:
+        name, sep, text = note.partition("=")
+        if not sep or name not in results:
+            raise SystemExit(
+                f"--note {note!r}: expected NAME=TEXT for a measured experiment ({', '.join(results)})"
+            )
+        results[name]["note"] = text
+    if args.note:
         RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
     write_report(results, meta)
     print(f"wrote {RESULTS_MD}")
