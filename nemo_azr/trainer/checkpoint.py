@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError
+from nemo_azr.trainer.atomic_io import fsync_dir
 
 COMPLETE_MARKER = "COMPLETE"
 TMP_PREFIX = ".tmp-"
@@ -128,15 +129,7 @@ def _fsync_tree(folder: Path) -> None:
         for name in files:
             with open(os.path.join(root, name), "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(Path(root))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(Path(root))
 
 
 def is_complete(folder: Path) -> bool:
@@ -199,14 +192,14 @@ class Checkpointer:
                 json.dump(manifest, fh, indent=1)
                 fh.flush()
                 os.fsync(fh.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             final = self.root / f"step_{step}"
             if final.exists():  # re-saving a step (e.g. after a resume): move the old one aside first
                 old = self.root / f"{TMP_PREFIX}old-{final.name}-{uuid.uuid4().hex[:8]}"
                 os.rename(final, old)
                 shutil.rmtree(old, ignore_errors=True)
             os.rename(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
