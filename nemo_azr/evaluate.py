@@ -174,20 +174,31 @@ class EvalRun:
 def sample_records(batch: Batch, extra_keys: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """One record per row: prompt id, question, response, reward (+ ``extra_keys`` of the meta)."""
     records = []
+    examples = batch.meta.get("example", [None] * len(batch))
     for i in range(len(batch)):
         record = {
             "prompt_id": batch[F.PROMPT_ID][i],
             "question": batch[F.PROMPT_TEXT][i],
-            "gold": getattr(batch.meta.get("example", [None] * len(batch))[i], "answer", None),
+            "gold": getattr(examples[i], "answer", None),
             "response": batch[F.RESPONSE_TEXT][i],
             "reward": float(batch[F.REWARDS][i]),
             "finish_reason": batch.meta.get("finish_reason", [None] * len(batch))[i],
         }
+        kind = example_kind(examples[i])
+        if kind is not None:
+            record["kind"] = kind
         for key in extra_keys:
             if key in batch.meta:
                 record[key] = batch.meta[key][i]
         records.append(record)
     return records
+
+
+def example_kind(example: Any) -> str | None:
+    """The question kind a task records in ``Example.meta["kind"]`` (synthetic_qa), else None."""
+    meta = getattr(example, "meta", None) or {}
+    kind = meta.get("kind")
+    return None if kind is None else str(kind)
 
 
 def write_results(out: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:

@@ -4,8 +4,10 @@ Answers: ``A_ans[j,k] = (acc[j,k] - mean_j) / (std_j + eps)`` over the ``G_a`` a
 Confidences: ``A_conf[j,k,h] = (conf[j,k,h] - mean_jk) / (std_jk + eps)`` over the ``G_c`` confidences
 of answer ``(j, k)`` only, so no confidence advantage depends on another answer's confidences.
 Optionally (``conf_prompt_level_norm``) a second stage re-normalises the stage-one confidence
-advantages over all confidences of the prompt. Then ``lambda_ans`` / ``lambda_conf`` scale them and
-they are projected onto each row's span mask (``loss_mask``).
+advantages over all confidences of the prompt, and (``conf_batch_scale``) all confidence advantages
+of the step are divided by their std, one scalar that sets the step size without touching any
+baseline. Then ``lambda_ans`` / ``lambda_conf`` scale them and they are projected onto each row's
+span mask (``loss_mask``).
 
 Population std (1/G), as the seed writes it. A group whose rewards are all equal gets exactly 0
 (never rounding noise divided by eps). With ``scale_std=False`` only the mean is subtracted.
@@ -72,16 +74,24 @@ def confidence_advantages(
     eps: float = 1e-6,
     *,
     prompt_ids: Ids | None = None,
+    batch_scale: bool = False,
 ) -> torch.Tensor:
     """``A_conf[N]``: Brier rewards of confidence rows normalised per answer over its ``G_c`` confidences.
 
     Never mixed across answers. With ``prompt_ids`` the stage-one advantages are normalised again
     over each prompt's confidences (seed 003's optional prompt-level stage; it shares one scale per
-    prompt, so it is off by default).
+    prompt, so it is off by default). With ``batch_scale`` they are divided by their population std
+    over all ``N`` rows: every baseline stays its own answer's mean and the ratios between rows are
+    kept (so with ``scale_std=False`` the step still follows the Brier score's expected gradient),
+    only the step size is normalised. All zero stays all zero.
     """
     advantages = group_normalize(rewards, answer_ids, scale_std=scale_std, eps=eps)
     if prompt_ids is not None:
         advantages = group_normalize(advantages, prompt_ids, scale_std=scale_std, eps=eps)
+    if batch_scale and advantages.numel():
+        std = advantages.to(STATS_DTYPE).std(unbiased=False)
+        if std > 0:
+            advantages = (advantages.to(STATS_DTYPE) / (std + eps)).to(ADVANTAGE_DTYPE)
     return advantages
 
 
@@ -120,6 +130,7 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
             settings.scale_std,
             settings.eps,
             prompt_ids=prompt_ids,
+            batch_scale=settings.conf_batch_scale,
         )
     mask = batch.tensors[F.LOSS_MASK].bool().to(ADVANTAGE_DTYPE)
     advantages = row.to(mask.device).unsqueeze(1) * mask

@@ -169,9 +169,15 @@ def turn_metrics(prefix: str, rewards: Sequence[float], lengths: Sequence[int]) 
 def calibration_step_metrics(
     confidences: Sequence[float | None], correct: Sequence[float]
 ) -> dict[str, float]:
-    """Mean parsed confidence, its Brier score against the answers' accuracy, and the histogram."""
+    """Mean parsed confidence, its Brier score against the answers' accuracy, its AUROC as a score of
+    correctness (``rlcr/confidence_auroc``: present when the step has right and wrong answers) and
+    the histogram."""
+    from nemo_azr.rlcr.calibration import auroc
+
     pairs = [(c, y) for c, y in zip(confidences, correct) if c is not None]
     out = confidence_histogram(confidences)
     out["rlcr/confidence_mean"] = sum(c for c, _ in pairs) / len(pairs) if pairs else 0.0
     out["rlcr/brier_score"] = sum((c - y) ** 2 for c, y in pairs) / len(pairs) if pairs else 1.0
+    if len({y for _, y in pairs}) == 2:
+        out["rlcr/confidence_auroc"] = auroc([c for c, _ in pairs], [y for _, y in pairs])
     return out

@@ -10,6 +10,7 @@ parse is left out of the calibration numbers and counted in ``confidence_parse_f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_azr.contracts import SampleType
@@ -23,26 +24,34 @@ SAMPLE_KEYS = (F.SAMPLE_TYPE, ANSWER_CORRECT, CONFIDENCE, FORMAT_OK)
 
 def run_calibration_eval(run) -> dict[str, Any]:
     """Evaluate and write the JSON, samples and PNG; returns the JSON's content (+ ``output_dir``)."""
-    from nemo_azr.evaluate import sample_records, write_results
+    from nemo_azr.evaluate import example_kind, sample_records, write_results
 
     answer_correct: list[float] = []
     format_ok: list[bool] = []
     points: list[tuple[float | None, float]] = []
     records: list[dict[str, Any]] = []
+    kinds: dict[str, KindTally] = {}
     for batch in run.batches():
         records.extend(sample_records(batch, SAMPLE_KEYS))
-        for sample_type, acc, has_conf, conf, ok in zip(
+        for sample_type, acc, has_conf, conf, ok, example in zip(
             batch[F.SAMPLE_TYPE],
             batch[ANSWER_CORRECT],
             batch[HAS_CONFIDENCE],
             batch[CONFIDENCE],
             batch[FORMAT_OK],
+            batch.meta.get("example", [None] * len(batch)),
         ):
+            kind = example_kind(example)
+            tally = kinds.setdefault(kind, KindTally()) if kind is not None else None
             if sample_type == SampleType.ANSWER.value:
                 answer_correct.append(float(acc))
                 format_ok.append(bool(ok))
+                if tally is not None:
+                    tally.correct.append(float(acc))
             if has_conf:
                 points.append((conf, float(acc)))
+                if tally is not None and conf is not None:
+                    tally.confidences.append(float(conf))
 
     ev = run.cfg.eval
     parsed = [(c, y) for c, y in points if c is not None]
@@ -60,12 +69,32 @@ def run_calibration_eval(run) -> dict[str, Any]:
         "n_bins": ev.n_bins,
         "bins": bins,
     }
+    if kinds:
+        result["by_kind"] = {kind: kinds[kind].summary() for kind in sorted(kinds)}
     out = run.output_dir()
     write_results(out, result, records)
     title = f"{run.cfg.experiment_name}: ECE {_fmt(metrics['ece'])}, Brier {_fmt(metrics['brier'])}"
     plot_reliability_diagram(bins, out / DIAGRAM_FILE, title=title)
     result["output_dir"] = str(out)
     return result
+
+
+@dataclass
+class KindTally:
+    """Answers and parsed confidences of one question kind: does the confidence follow the accuracy?"""
+
+    correct: list[float] = field(default_factory=list)
+    confidences: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float | int | None]:
+        def mean(values: list[float]) -> float | None:
+            return round(sum(values) / len(values), 4) if values else None
+
+        return {
+            "num_answers": len(self.correct),
+            "answer_accuracy": mean(self.correct),
+            "mean_confidence": mean(self.confidences),
+        }
 
 
 def _fmt(v: float) -> str:

@@ -1,9 +1,10 @@
 """A question-answering set generated locally, with answers a program can check.
 
-Four kinds, from easy to hard for a small model, so that a calibrated model should be more confident
+Five kinds, from easy to hard for a small model, so that a calibrated model should be more confident
 on some than on others (what RLCR trains):
 
-- ``table_lookup``: a short table is given; read one value ("What is the price of the plum?" -> 57);
+- ``pair_lookup``: a two-row table; read one value (SmolLM2-135M: right about half the time sampled);
+- ``table_lookup``: a four-row table; read one value ("What is the price of the plum?" -> 57);
 - ``table_max``: the same tables; which entry is largest (-> "plum");
 - ``word_add`` / ``word_sub``: two-digit addition / subtraction word problems (-> 38).
 
@@ -32,14 +33,15 @@ TABLES = (
     ("Ages", "age", "person", ("Anna", "Ben", "Carl", "Dina", "Emil", "Fay", "Gus", "Hana")),
 )
 TABLE_ROWS = 4
-KINDS = ("table_lookup", "table_max", "word_add", "word_sub")
+PAIR_ROWS = 2
+KINDS = ("pair_lookup", "table_lookup", "table_max", "word_add", "word_sub")
 MIN_VALUE, MAX_VALUE = 10, 99
 
 
-def _table(rng: random.Random) -> tuple[str, str, str, list[tuple[str, int]]]:
+def _table(rng: random.Random, rows: int = TABLE_ROWS) -> tuple[str, str, str, list[tuple[str, int]]]:
     title, column, entry_kind, names = rng.choice(TABLES)
-    entries = rng.sample(names, TABLE_ROWS)
-    values = rng.sample(range(MIN_VALUE, MAX_VALUE + 1), TABLE_ROWS)  # distinct: one maximum
+    entries = rng.sample(names, rows)
+    values = rng.sample(range(MIN_VALUE, MAX_VALUE + 1), rows)  # distinct: one maximum
     return title, column, entry_kind, list(zip(entries, values))
 
 
@@ -49,9 +51,9 @@ def _table_text(title: str, rows: list[tuple[str, int]]) -> str:
 
 def make_question(kind: str, rng: random.Random) -> tuple[str, str]:
     """(question, answer) of one ``kind``."""
-    if kind in ("table_lookup", "table_max"):
-        title, column, entry_kind, rows = _table(rng)
-        if kind == "table_lookup":
+    if kind in ("pair_lookup", "table_lookup", "table_max"):
+        title, column, entry_kind, rows = _table(rng, PAIR_ROWS if kind == "pair_lookup" else TABLE_ROWS)
+        if kind != "table_max":
             name, value = rng.choice(rows)
             return f"{_table_text(title, rows)} What is the {column} of {name}?", str(value)
         name, _ = max(rows, key=lambda r: r[1])

@@ -116,6 +116,41 @@ def _row_adv(batch: Batch, settings: RLCRConfig) -> dict[tuple[str, str, int], f
     return out
 
 
+def test_confidence_batch_scale_keeps_baselines_and_ratios():
+    """Mean-only baselines per answer, then one std over the whole step (hand-computed)."""
+    # a0 (wrong answer): confidences 0.1 / 0.3 -> Brier 0.99 / 0.91; a1 (right): 0.9 / 0.3 -> 0.99 / 0.51.
+    rewards = [0.99, 0.91, 0.99, 0.51]
+    answers = ["a0", "a0", "a1", "a1"]
+    centred = [0.04, -0.04, 0.24, -0.24]  # reward minus its own answer's mean
+    std = math.sqrt(sum(c * c for c in centred) / 4)  # mean of the centred values is 0
+    adv = confidence_advantages(rewards, answers, scale_std=False, eps=EPS, batch_scale=True)
+    assert adv.tolist() == pytest.approx([c / (std + EPS) for c in centred], rel=1e-5)
+    assert adv[2].item() / adv[0].item() == pytest.approx(6.0, rel=1e-5)  # Brier ratios kept
+    # One scalar: doubling every reward difference leaves the scaled advantages unchanged.
+    doubled = [0.99, 0.83, 0.99, 0.03]
+    again = confidence_advantages(doubled, answers, scale_std=False, eps=EPS, batch_scale=True)
+    assert again.tolist() == pytest.approx(adv.tolist(), rel=1e-5)
+    flat = confidence_advantages([0.5, 0.5, 0.8, 0.8], answers, scale_std=False, batch_scale=True)
+    assert flat.tolist() == [0.0, 0.0, 0.0, 0.0]  # no spread anywhere: exactly 0, never 0 / eps
+
+
+def test_estimator_applies_conf_batch_scale_to_confidence_rows_only():
+    settings = RLCRConfig(scale_std=False, conf_batch_scale=True, lambda_conf=2.0)
+    acc = {"p0-a0": 0.0, "p0-a1": 1.0}
+    conf = {"p0-a0": [0.99, 0.91], "p0-a1": [0.99, 0.51]}  # Brier of 0.1 / 0.3 (wrong), 0.9 / 0.3 (right)
+    batch = _tree_batch(conf, acc, settings)
+    adv, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
+    std = math.sqrt((2 * 0.04**2 + 2 * 0.24**2) / 4)
+    for i, (kind, r) in enumerate(zip(batch[F.SAMPLE_TYPE], batch[F.REWARDS])):
+        value = adv[i, 2].item()
+        if kind == "answer":  # [0, 1], mean-only: -+0.5, untouched by the confidence scale
+            assert value == pytest.approx(float(r) - 0.5)
+        else:
+            sub = batch[F.SUBGROUP_ID][i]
+            mean = 0.95 if sub == "p0-a0" else 0.75
+            assert value == pytest.approx(2.0 * (float(r) - mean) / (std + EPS), rel=1e-5)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_no_confidence_advantage_depends_on_another_answers_confidences(seed):
     settings = RLCRConfig()

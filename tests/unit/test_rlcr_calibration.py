@@ -87,3 +87,71 @@ def test_reliability_bins_and_diagram(tmp_path):
     path = plot_reliability_diagram(bins, tmp_path / "r.png", title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     json.dumps(bins)  # JSON-serialisable as written by eval
+
+
+def test_calibration_eval_reports_accuracy_and_confidence_per_question_kind(tmp_path):
+    """``by_kind`` in metrics.json: per kind, its answers' accuracy and its parsed confidences' mean."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    from nemo_azr.config.schema import NemoAzrConfig
+    from nemo_azr.contracts import Batch
+    from nemo_azr.contracts import fields as F
+    from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, FORMAT_OK, HAS_CONFIDENCE
+    from nemo_azr.rlcr.evaluate import run_calibration_eval
+    from nemo_azr.tasks.base import Example
+
+    easy, hard = Example("q0", "easy?", "1", {"kind": "easy"}), Example("q1", "hard?", "2", {"kind": "hard"})
+    # (example, sample_type, answer right?, confidence): easy answered right twice, hard wrong twice
+    rows = [
+        (easy, "answer", 1.0, None),
+        (easy, "answer", 1.0, None),
+        (hard, "answer", 0.0, None),
+        (hard, "answer", 0.0, None),
+        (easy, "confidence", 1.0, 0.9),
+        (easy, "confidence", 1.0, 0.7),
+        (hard, "confidence", 0.0, 0.2),
+        (hard, "confidence", 0.0, None),  # unparsed: left out of the kind's mean confidence
+    ]
+    n = len(rows)
+    batch = Batch(
+        {F.REWARDS: torch.zeros(n)},
+        {
+            F.PROMPT_ID: [r[0].prompt_id for r in rows],
+            F.PROMPT_TEXT: [r[0].question for r in rows],
+            F.RESPONSE_TEXT: ["..."] * n,
+            F.SAMPLE_TYPE: [r[1] for r in rows],
+            ANSWER_CORRECT: [r[2] for r in rows],
+            HAS_CONFIDENCE: [r[1] == "confidence" for r in rows],
+            CONFIDENCE: [r[3] for r in rows],
+            FORMAT_OK: [True] * n,
+            "example": [r[0] for r in rows],
+        },
+    )
+    run = SimpleNamespace(
+        cfg=NemoAzrConfig(),
+        batches=lambda: iter([batch]),
+        summary=lambda: {},
+        output_dir=lambda: tmp_path,
+    )
+    result = run_calibration_eval(run)
+    assert result["by_kind"] == {
+        "easy": {"num_answers": 2, "answer_accuracy": 1.0, "mean_confidence": 0.8},
+        "hard": {"num_answers": 2, "answer_accuracy": 0.0, "mean_confidence": 0.2},
+    }
+    assert json.loads((tmp_path / "metrics.json").read_text())["by_kind"] == result["by_kind"]
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [s["kind"] for s in samples] == [r[0].meta["kind"] for r in rows]
+
+
+def test_step_metrics_auroc_by_hand():
+    from nemo_azr.rlcr.common import calibration_step_metrics
+
+    # parsed: (0.9, right), (0.8, wrong), (0.1, wrong), (0.8, right); pairs right-vs-wrong:
+    # 0.9>0.8, 0.9>0.1, 0.8=0.8 (half), 0.8>0.1 -> 3.5 / 4
+    m = calibration_step_metrics([0.9, 0.8, None, 0.1, 0.8], [1, 0, 1, 0, 1])
+    assert m["rlcr/confidence_auroc"] == pytest.approx(0.875)
+    assert m["rlcr/confidence_mean"] == pytest.approx((0.9 + 0.8 + 0.1 + 0.8) / 4)
+    assert "rlcr/confidence_auroc" not in calibration_step_metrics([0.9, 0.2], [1, 1])  # one class only

@@ -124,13 +124,13 @@ def test_synthetic_qa_answers_follow_from_the_questions() -> None:
     task = build_task(DataConfig(task="synthetic_qa"), "all")
     assert len(task.examples) == 2000
     kinds = [e.meta["kind"] for e in task.examples]
-    assert kinds[:4] == ["table_lookup", "table_max", "word_add", "word_sub"]
+    assert kinds[:5] == ["pair_lookup", "table_lookup", "table_max", "word_add", "word_sub"]
     for e in task.examples:  # recompute every answer from the question text alone
         kind = e.meta["kind"]
-        if kind.startswith("table"):
+        if kind.endswith(("lookup", "max")):
             rows = dict(re.findall(r"(\w+) (\d+)[,.]", e.question.split("?")[0]))
-            assert len(rows) == 4
-            if kind == "table_lookup":
+            assert len(rows) == (2 if kind == "pair_lookup" else 4)
+            if kind.endswith("lookup"):
                 name = re.search(r"of (\w+)\?$", e.question).group(1)
                 assert e.answer == rows[name]
             else:
