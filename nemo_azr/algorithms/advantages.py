@@ -161,6 +161,22 @@ def grpo(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor
     return advantages, advantages.clone()
 
 
+#: Per-row meta TRR++ groups by (with ``role``); self-play writes it (selfplay/joint_batch.py).
+TASK_TYPE_META = "task_type"
+
+
+@advantage_estimator("trr_plus_plus", "trr++", required_meta=(TASK_TYPE_META, F.ROLE))
+def trr_plus_plus(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Task-Relative REINFORCE++ (Absolute Zero): ``A_i = (r_i - mean_k) / (std_k + eps)`` where ``k``
+    is the row's (task type, role) over the whole batch: one baseline per task type x role (AZR's six
+    for deduction / abduction / induction x propose / solve), not per prompt. ``advantages[B, T]``;
+    population std; a constant group gets exactly 0; ``norm_by_std=false`` only subtracts the mean.
+    """
+    keys = list(zip(batch.meta[TASK_TYPE_META], batch.meta[F.ROLE]))
+    regrouped = Batch(batch.tensors, {**batch.meta, F.GROUP_ID: keys}, batch.info)
+    return grpo(regrouped, cfg)
+
+
 @advantage_estimator("rloo", required_meta=(F.GROUP_ID,))
 def rloo(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RLOO: ``A_i = r_i - (sum_g - r_i) / (G - 1)`` (leave-one-out mean), ``advantages[B, T]``; G = 1 -> 0."""
@@ -224,3 +240,61 @@ def remax(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tenso
     baseline = batch.tensors[F.BASELINE_REWARDS].to(STATS_DTYPE)
     advantages = _broadcast(rewards - baseline, mask)
     return advantages, advantages.clone()
+
+
+@advantage_estimator("gae", required_keys=(F.VALUES,))
+def gae(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """GAE (Schulman et al. 2016) from the critic's ``values[B, T]``: ``advantages[B, T]``, ``returns[B, T]``.
+
+    ``values[:, t]`` is ``V`` of the state before token ``t`` (the critic's output at the position
+    that predicts token ``t``, aligned like the log-probs). Token rewards are ``token_rewards`` if
+    present, else ``rewards`` at each row's last trained token. Right to left over trained positions:
+    ``delta_t = r_t + gamma * V_next - V_t``, ``A_t = delta_t + gamma * lambda * A_next``, where "next"
+    is the next trained position of the row (0 after the last one: the episode ends). Positions with
+    ``loss_mask`` 0 (padding, an environment's tokens between two turns) are not actions: they pass
+    ``V_next`` and ``A_next`` through unchanged and get 0. ``returns = A + V`` (the critic's target)
+    before whitening; with ``algorithm.whiten_advantages`` the advantages are then shifted and scaled
+    to mean 0, std 1 over the trained tokens of the batch (of one role, under per-role estimators).
+    """
+    mask = batch.tensors[F.LOSS_MASK].bool()
+    values = batch.tensors[F.VALUES].to(STATS_DTYPE)
+    if values.shape != mask.shape:
+        raise BatchContractError(
+            f"advantage estimator 'gae': 'values' must be {list(mask.shape)} like 'loss_mask', "
+            f"got {list(values.shape)}"
+        )
+    if F.TOKEN_REWARDS in batch.tensors:
+        token_rewards = batch.tensors[F.TOKEN_REWARDS].to(STATS_DTYPE)
+    else:
+        token_rewards = rewards_at_last_token(batch.tensors[F.REWARDS].to(STATS_DTYPE), mask)
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros(values.shape[0], dtype=STATS_DTYPE, device=values.device)
+    next_adv = torch.zeros_like(next_value)
+    # Right-to-left scan over columns, vectorised over rows (each row's trained positions in order).
+    for t in range(values.shape[1] - 1, -1, -1):
+        delta = token_rewards[:, t] + cfg.gamma * next_value - values[:, t]
+        adv_t = delta + cfg.gamma * cfg.gae_lambda * next_adv
+        here = mask[:, t]
+        advantages[:, t] = torch.where(here, adv_t, 0.0)
+        next_adv = torch.where(here, adv_t, next_adv)
+        next_value = torch.where(here, values[:, t], next_value)
+    fmask = mask.to(STATS_DTYPE)
+    returns = (advantages + values) * fmask
+    if cfg.whiten_advantages:
+        advantages = masked_whiten(advantages, fmask, eps=cfg.eps)
+    return advantages.to(ADVANTAGE_DTYPE), returns.to(ADVANTAGE_DTYPE)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` over the positions where ``mask[B, T]`` is 1 (population std);
+    0 elsewhere. Fewer than two positions, or constant values, give exactly 0."""
+    count = mask.sum()
+    if count < 2:
+        return torch.zeros_like(values)
+    mean = (values * mask).sum() / count
+    centred = (values - mean) * mask
+    selected = values[mask.bool()]
+    if selected.max() == selected.min():
+        return torch.zeros_like(values)
+    std = (centred.square().sum() / count).sqrt()
+    return centred / (std + eps)

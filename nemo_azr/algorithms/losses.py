@@ -3,7 +3,8 @@
 Each is registered in :data:`nemo_azr.registry.POLICY_LOSSES`. ``loss_mat`` is NOT masked or reduced
 (see :mod:`nemo_azr.algorithms.aggregation`); ``metrics`` are detached scalars over trained tokens:
 
-* ``clip_frac``: fraction of tokens where the clipped term is the larger one (``pg2 > pg1``);
+* ``clip_frac``: fraction of tokens where the clipped term is the larger one (``pg2 > pg1``; cispo:
+  where the importance weight was clipped);
 * ``dual_clip_frac`` (ppo_clip): fraction where the dual-clip bound is active;
 * ``approx_kl``: mean k3 estimate of KL(pi_old || pi_theta) on the sampled tokens,
   ``exp(logp - old) - (logp - old) - 1`` (non-negative, low variance);
@@ -117,3 +118,30 @@ def gspo(
     pg2 = -advantages * ratio.clamp(1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high)
     loss_mat = torch.maximum(pg1, pg2)
     return loss_mat, _common_metrics(logprobs, old_logprobs, ratio, pg2 > pg1, loss_mask)
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cfg: AlgorithmConfig,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (MiniMax-M1) ``loss_mat[B, T] = -sg(clip(r, 1-low, 1+high)) * A * logp``.
+
+    The importance weight is clipped and detached, never the token: every token keeps its gradient
+    ``A * sg(w) * dlogp`` (PPO's clip zeroes the gradient of tokens past the bound, which is what
+    drops rare "reasoning" tokens after the first update). ``clip_ratio_low >= 1`` leaves the weight
+    without a lower bound, the paper's setting (conf/algorithm/cispo.yaml). ``clip_frac`` is the
+    fraction of tokens whose weight was clipped.
+    """
+    _check_clip_cfg(cfg, dual_clip=False)
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    lower = max(0.0, 1.0 - cfg.clip_ratio_low)
+    weight = ratio.clamp(lower, 1.0 + cfg.clip_ratio_high).detach()
+    loss_mat = -advantages * weight * logprobs
+    clipped = (ratio > 1.0 + cfg.clip_ratio_high) | (ratio < lower)
+    return loss_mat, _common_metrics(logprobs, old_logprobs, ratio, clipped, loss_mask)

@@ -125,12 +125,14 @@ class KLConfig:
 
 @dataclass
 class AlgorithmConfig:
-    estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | remax
-    loss: str = "ppo_clip"  # ppo_clip | gspo
+    estimator: str = "grpo"  # grpo | rloo | reinforce_plus_plus | remax | gae (with a critic)
+    loss: str = "ppo_clip"  # ppo_clip | gspo | cispo
     loss_agg_mode: str = "token-mean"
     norm_by_std: bool = True  # grpo: divide by the group std
     eps: float = 1e-6  # added to std before dividing
-    gamma: float = 1.0  # discount for token-level returns (reinforce_plus_plus)
+    gamma: float = 1.0  # discount for token-level returns (reinforce_plus_plus, gae)
+    gae_lambda: float = 1.0  # gae: bias/variance trade-off of the advantage (1: Monte-Carlo returns)
+    whiten_advantages: bool = True  # gae: advantages to mean 0 / std 1 over the batch's trained tokens
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     dual_clip: bool = True
@@ -145,6 +147,14 @@ class AlgorithmConfig:
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
     reuse_update_logprobs: bool = True  # single on-policy step: old log-probs = the update's own (detached)
     shuffle_mini_batches: bool = True
+    # DAPO (docs/algorithms.md): dynamic sampling re-rolls prompts until data.prompts_per_step groups
+    # have differing rewards; overlong shaping penalises responses that reach into the last
+    # overlong_buffer_frac of the length limit.
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3  # rollouts per step at most (the first included) with dynamic_sampling
+    overlong_buffer_frac: float = 0.0  # 0: off; in (0, 1): the penalty ramps from 0 to -factor over
+    # the last round(frac x max_new_tokens) tokens
+    overlong_penalty_factor: float = 1.0
 
 
 @dataclass
@@ -158,6 +168,25 @@ class OptimConfig:
     schedule: str = "constant"  # constant | linear | cosine (after warm-up)
     min_lr_ratio: float = 0.0  # floor of linear/cosine decay, as a fraction of lr
     total_steps: int = 0  # decay horizon in optimizer steps; 0 -> derived from trainer.max_steps
+
+
+@dataclass
+class CriticConfig:
+    """PPO's value model, built when the advantage estimator needs values (``algorithm.estimator=gae``).
+
+    Same model family as the policy (its trunk, by default started from the policy's weights) with a
+    scalar head per role; its own optimizer and schedule; trained on the same batch before the policy.
+    """
+
+    model_path: str = ""  # the trunk's starting weights (HF folder or preset); "" -> model.path
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    cliprange_value: float = 0.5  # a value may move at most this far from its rollout-time value; 0: off
+    loss_agg_mode: str = "token-mean"  # how the per-token value losses are reduced (as the policy's)
+    warmup_steps: int = 0  # the first steps train the critic only (the policy waits for useful values)
+    ppo_epochs: int = 0  # epochs over each batch; 0 -> algorithm.ppo_epochs
+    mini_batch_size: int = 0  # rows per critic optimizer step; 0 -> algorithm.mini_batch_size
+    micro_batch_size: int = 0  # rows per forward/backward; 0 -> algorithm.micro_batch_size
+    per_role_values: bool = True  # self-play: one value head per role, so the roles never share a baseline
 
 
 @dataclass
@@ -175,7 +204,9 @@ class SyntheticQAConfig:
     """``data.task=synthetic_qa``: locally generated questions with checkable answers."""
 
     num_examples: int = 2000
-    kinds: list[str] = field(default_factory=lambda: ["table_lookup", "table_max", "word_add", "word_sub"])
+    kinds: list[str] = field(
+        default_factory=lambda: ["pair_lookup", "table_lookup", "table_max", "word_add", "word_sub"]
+    )
     seed: int = 0
 
 
@@ -254,6 +285,7 @@ class RLCRConfig:
     scale_std: bool = True  # divide by the group std (else only subtract the mean)
     eps: float = 1e-6  # added to std before dividing
     conf_prompt_level_norm: bool = False  # second stage: re-normalise confidences per prompt
+    conf_batch_scale: bool = False  # divide the step's confidence advantages by their std (one scalar)
     confidence_prompt: str = (
         "How sure are you that your answer is right? "
         "Reply <analysis>...</analysis><confidence>p</confidence> with p in [0, 1]."
@@ -415,6 +447,7 @@ class NemoAzrConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sft_warmup: SFTWarmupConfig = field(default_factory=SFTWarmupConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -16,7 +16,7 @@ from nemo_azr.config.parallel_validate import (
     check_parallel_static,
     megatron_core_available,
 )
-from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.config.schema import NemoAzrConfig, OptimConfig
 from nemo_azr.errors import ConfigError
 
 SCHEDULES = ("constant", "linear", "cosine")
@@ -129,7 +129,6 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     )
     if gen.backend == "trtllm":
         _check_trtllm(cfg)
-    _one_of("optim.schedule", opt.schedule, SCHEDULES)
     _one_of("trainer.device", tr.device, DEVICES)
     _one_of("logger.wandb.mode", cfg.logger.wandb.mode, WANDB_MODES)
 
@@ -181,14 +180,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _require(alg.norm_length >= 0, "algorithm.norm_length must be >= 0 (0 = generation.max_new_tokens)")
     _require(alg.entropy_coef >= 0, "algorithm.entropy_coef must be >= 0")
 
-    _require(opt.lr > 0, f"optim.lr must be > 0, got {opt.lr}")
-    _require(
-        len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas),
-        f"optim.betas must be two values in [0, 1), got {opt.betas}",
-    )
-    _require(opt.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 disables)")
-    _require(opt.warmup_steps >= 0 and opt.total_steps >= 0, "optim.warmup_steps/total_steps must be >= 0")
-    _require(0 <= opt.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
+    _validate_optim("optim", opt)
+    _validate_critic(cfg, rows, rows_desc)
+    _validate_dapo(cfg)
 
     _require(tr.max_steps >= 0, f"trainer.max_steps must be >= 0, got {tr.max_steps}")
     _require(tr.save_interval >= 0 and tr.keep_last >= 0, "trainer.save_interval/keep_last must be >= 0")
@@ -221,6 +215,66 @@ def validate_config(cfg: NemoAzrConfig) -> None:
             "algorithm.estimator=rlcr_hierarchical needs rollout.workflow=rlcr_two_turn (answer and "
             "confidence rows with subgroup ids)",
         )
+
+
+def _validate_optim(prefix: str, opt: OptimConfig) -> None:
+    _one_of(f"{prefix}.schedule", opt.schedule, SCHEDULES)
+    _require(opt.lr > 0, f"{prefix}.lr must be > 0, got {opt.lr}")
+    _require(
+        len(opt.betas) == 2 and all(0 <= b < 1 for b in opt.betas),
+        f"{prefix}.betas must be two values in [0, 1), got {opt.betas}",
+    )
+    _require(opt.grad_clip >= 0, f"{prefix}.grad_clip must be >= 0 (0 disables)")
+    _require(
+        opt.warmup_steps >= 0 and opt.total_steps >= 0, f"{prefix}.warmup_steps/total_steps must be >= 0"
+    )
+    _require(0 <= opt.min_lr_ratio <= 1, f"{prefix}.min_lr_ratio must be in [0, 1]")
+
+
+def _validate_critic(cfg: NemoAzrConfig, rows: int, rows_desc: str) -> None:
+    """``critic.*`` is checked whatever the estimator (a bad value fails at start even where unused)."""
+    from nemo_azr.algorithms.aggregation import AGG_MODES
+
+    c = cfg.critic
+    _validate_optim("critic.optim", c.optim)
+    _one_of("critic.loss_agg_mode", c.loss_agg_mode, AGG_MODES)
+    _require(
+        c.cliprange_value >= 0, f"critic.cliprange_value must be >= 0 (0: no clip), got {c.cliprange_value}"
+    )
+    for key in ("warmup_steps", "ppo_epochs", "mini_batch_size", "micro_batch_size"):
+        _require(getattr(c, key) >= 0, f"critic.{key} must be >= 0 (0: the default), got {getattr(c, key)}")
+    if c.mini_batch_size and cfg.rollout.workflow != "azr":
+        _require(
+            rows % c.mini_batch_size == 0,
+            f"critic.mini_batch_size={c.mini_batch_size} must divide the rows per step ({rows_desc} = {rows})",
+        )
+    alg = cfg.algorithm
+    _require(0 <= alg.gae_lambda <= 1, f"algorithm.gae_lambda must be in [0, 1], got {alg.gae_lambda}")
+
+
+def _validate_dapo(cfg: NemoAzrConfig) -> None:
+    alg = cfg.algorithm
+    _require(
+        alg.max_sampling_rounds >= 1,
+        f"algorithm.max_sampling_rounds must be >= 1, got {alg.max_sampling_rounds}",
+    )
+    if alg.dynamic_sampling:
+        _require(
+            cfg.rollout.workflow != "azr",
+            "algorithm.dynamic_sampling does not apply to self-play: its learnability filter already "
+            "keeps the groups that teach and re-proposes the others (absolute_zero.max_repropose_attempts)",
+        )
+        _require(
+            alg.estimator != "remax",
+            "algorithm.dynamic_sampling with estimator=remax: the greedy baseline is rolled out for the "
+            "first draw of prompts only; use grpo or rloo",
+        )
+    _require(
+        0 <= alg.overlong_buffer_frac < 1,
+        f"algorithm.overlong_buffer_frac must be in [0, 1) (0: off), got {alg.overlong_buffer_frac}",
+    )
+    if alg.overlong_buffer_frac:
+        _require(alg.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0")
 
 
 def _rows_per_step(cfg: NemoAzrConfig) -> tuple[int, str]:
@@ -321,7 +375,7 @@ def _validate_eval(cfg: NemoAzrConfig) -> None:
 
 
 EVALUATOR_TYPES = ("llm", "rule")
-SELFPLAY_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus")
+SELFPLAY_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "trr_plus_plus", "gae")
 
 
 def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:

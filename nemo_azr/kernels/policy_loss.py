@@ -5,7 +5,7 @@
 ``hidden @ weight.T / T``, but never materialises the logits of more than one token chunk:
 
 * **Single pass** (losses whose per-token value depends on that token's log-prob only:
-  ``ppo_clip`` with or without dual clip, plus the k1/k2/k3 KL term and the entropy bonus): for each
+  ``ppo_clip`` with or without dual clip, ``cispo``, plus the k1/k2/k3 KL term and the entropy bonus): for each
   token chunk the logits are produced (one GEMM), the row ops give ``logp`` and ``H`` (all-reduced
   across vocab shards), the per-token loss derivatives ``dL/dlogp`` and ``dL/dH`` are computed from
   the core's own formulas (autograd through :func:`~nemo_azr.algorithms.losses.ppo_clip` and
@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from nemo_azr.algorithms.aggregation import aggregate_loss
 from nemo_azr.algorithms.kl import check_kl_mode, kl_penalty
-from nemo_azr.algorithms.losses import ppo_clip
+from nemo_azr.algorithms.losses import cispo, ppo_clip
 from nemo_azr.algorithms.objective import policy_objective
 from nemo_azr.config.schema import AlgorithmConfig
 from nemo_azr.errors import BatchContractError
@@ -52,7 +52,7 @@ from nemo_azr.registry import POLICY_LOSSES
 __all__ = ["TOKEN_LOCAL_LOSSES", "aggregation_weights", "fused_linear_policy_loss"]
 
 #: Policy losses whose token ``t`` depends on ``logprobs[t]`` only: they run in a single pass.
-TOKEN_LOCAL_LOSSES = (ppo_clip,)
+TOKEN_LOCAL_LOSSES = (ppo_clip, cispo)
 
 
 def aggregation_weights(

@@ -56,6 +56,29 @@ def _check_supported(model: torch.nn.Module) -> None:
         raise ConfigError("the model's output layer must be a bias-free Linear (Llama/Qwen2 style)")
 
 
+def decoder_hidden_states(
+    model: torch.nn.Module, batch: Batch, device: torch.device, autocast_dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last hidden states ``[B, T, H]`` of ``model``'s decoder (its trunk, no head) and
+    ``input_ids[B, T]``, on ``device``; positions count each row's real tokens from 0."""
+    ids = batch[F.INPUT_IDS].to(device)
+    attn = batch[F.ATTENTION_MASK].to(device)
+    pos = batch.get(F.POSITION_IDS)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(device)
+    decoder = getattr(model, model.base_model_prefix)
+    if autocast_dtype is None:
+        return decoder(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+        ).last_hidden_state, ids
+    # Mixed precision: the decoder's matmuls in autocast_dtype, weights (and their gradients) in
+    # model.dtype; the head (LM head + log-softmax, or a value head) runs on the hidden states cast back.
+    with torch.autocast(device.type, dtype=autocast_dtype):
+        hidden = decoder(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
+        ).last_hidden_state
+    return hidden.to(model.dtype), ids
+
+
 @POLICY_BACKENDS.register("hf")
 class HFPolicy(PPOUpdateMixin):
     """Trainable (actor) or frozen (reference) transformers causal LM."""
@@ -103,22 +126,7 @@ class HFPolicy(PPOUpdateMixin):
     # --- log-probs -------------------------------------------------------------------------------
     def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's last hidden states ``[B, T, H]`` and ``input_ids[B, T]`` on the device."""
-        ids = batch[F.INPUT_IDS].to(self.device)
-        attn = batch[F.ATTENTION_MASK].to(self.device)
-        pos = batch.get(F.POSITION_IDS)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(self.device)
-        decoder = getattr(self.model, self.model.base_model_prefix)
-        if self.autocast_dtype is None:
-            return decoder(
-                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
-            ).last_hidden_state, ids
-        # Mixed precision: the decoder's matmuls in autocast_dtype, weights (and their gradients) in
-        # model.dtype; the LM head and log-softmax run on the hidden states cast back (exact log-probs).
-        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-            hidden = decoder(
-                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
-            ).last_hidden_state
-        return hidden.to(self.model.dtype), ids
+        return decoder_hidden_states(self.model, batch, self.device, self.autocast_dtype)
 
     def token_logprobs(
         self, batch: Batch, *, mask_key: str = F.LOSS_MASK, return_entropy: bool = False

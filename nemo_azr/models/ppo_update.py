@@ -18,25 +18,51 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 
 #: Metrics that are already divided by the global normalisers, so micro-batch values add up.
-SUMMED_METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/loss")
+SUMMED_METRICS = (
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "actor/entropy",
+    "actor/loss",
+    "critic/vf_loss",
+    "critic/loss",
+)
 
 
 def add_micro_metrics(
-    acc: dict[str, float], loss: torch.Tensor, metrics: dict[str, float], *, weight: float
+    acc: dict[str, float],
+    loss: torch.Tensor,
+    metrics: dict[str, float],
+    *,
+    weight: float,
+    prefix: str = "actor",
 ) -> None:
-    """Add one micro-batch's loss and metrics to ``acc`` (``weight``: its share of the mini-batch tokens)."""
-    acc["actor/loss"] += float(loss.detach())
+    """Add one micro-batch's loss and metrics to ``acc`` (``weight``: its share of the mini-batch
+    tokens); the loss goes to ``<prefix>/loss``."""
+    acc[f"{prefix}/loss"] += float(loss.detach())
     for k, v in metrics.items():
         acc[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
 
 
 class PPOUpdateMixin:
+    """The update loop of a trained model: the policy (``actor/*`` metrics) or the critic
+    (``critic/*``); a subclass sets ``metric_prefix`` and may override :meth:`update_schedule`."""
+
+    metric_prefix = "actor"
+
+    def update_schedule(self) -> tuple[int, int, bool]:
+        """(epochs, rows per optimizer step (0: all), shuffle) of :meth:`update`."""
+        alg = self.cfg.algorithm
+        return alg.ppo_epochs, alg.mini_batch_size, alg.shuffle_mini_batches
+
+    def micro_batch_rows(self) -> int:
+        return self.cfg.algorithm.micro_batch_size
+
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
         was_training = self.model.training
         self.model.eval()
-        parts = [self.token_logprobs(mb) for mb in batch.split(self.cfg.algorithm.micro_batch_size)]
+        parts = [self.token_logprobs(mb) for mb in batch.split(self.micro_batch_rows())]
         self.model.train(was_training)
         width = batch.seq_len
         return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
@@ -45,12 +71,13 @@ class PPOUpdateMixin:
         """Backward of one mini-batch in micro-batches; its metrics (token-weighted means, or sums of
         the already-normalised losses). Backends with pipeline/data parallelism override it."""
         step_metrics: dict[str, float] = defaultdict(float)
-        for micro in mb.split(self.cfg.algorithm.micro_batch_size):
+        for micro in mb.split(self.micro_batch_rows()):
             loss, m = self.micro_objective(
                 micro, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
             )
             loss.backward()
-            add_micro_metrics(step_metrics, loss, m, weight=float(micro[F.LOSS_MASK].sum()) / num_tokens)
+            weight = float(micro[F.LOSS_MASK].sum()) / num_tokens
+            add_micro_metrics(step_metrics, loss, m, weight=weight, prefix=self.metric_prefix)
         return dict(step_metrics)
 
     # --- RL update -------------------------------------------------------------------------------
@@ -60,16 +87,15 @@ class PPOUpdateMixin:
         """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
         if self.optimizer is None:
             raise RuntimeError("setup_optimizer() must be called before update()")
-        alg = self.cfg.algorithm
+        epochs, mini_batch_size, shuffle = self.update_schedule()
+        prefix = self.metric_prefix
         rows = len(batch)
-        mini = alg.mini_batch_size or rows
+        mini = mini_batch_size or rows
         sums: dict[str, float] = defaultdict(float)
         n_steps = 0
         skipped = 0
-        for _ in range(alg.ppo_epochs):
-            order = (
-                torch.randperm(rows, generator=generator) if alg.shuffle_mini_batches else torch.arange(rows)
-            )
+        for _ in range(epochs):
+            order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
             for rows_idx in order.split(mini):
                 mb = batch.index(rows_idx)
                 n_tok = float(mb[F.LOSS_MASK].sum())
@@ -78,14 +104,14 @@ class PPOUpdateMixin:
                 self.optimizer.zero_grad(set_to_none=True)
                 step_metrics = self.accumulate_gradients(mb, num_tokens=n_tok, norm_length=norm_length)
                 grad_norm = self._clip_and_step()
-                step_metrics["actor/grad_norm"] = grad_norm
+                step_metrics[f"{prefix}/grad_norm"] = grad_norm
                 if not math.isfinite(grad_norm):
                     skipped += 1
                 for k, v in step_metrics.items():
                     sums[k] += v
                 n_steps += 1
         out = {k: v / max(1, n_steps) for k, v in sums.items()}
-        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
-        out["actor/optimizer_steps"] = float(n_steps - skipped)
-        out["actor/skipped_nonfinite_grad"] = float(skipped)
+        out[f"{prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
+        out[f"{prefix}/optimizer_steps"] = float(n_steps - skipped)
+        out[f"{prefix}/skipped_nonfinite_grad"] = float(skipped)
         return out

@@ -29,7 +29,12 @@ from nemo_azr.selfplay.learnability import GroupFilterResult, proposer_reward
 from nemo_azr.selfplay.proposer import Proposal
 
 #: Per-row meta the joint batch carries besides the contract's ids (for logging and tests).
+#: Per-row meta: the task type a row belongs to (python_exec: deduction | abduction | induction; ""
+#: where the environment has none): the question's for solver rows, the one the proposer was asked to
+#: write for proposer rows. TRR++ normalises per task type x role.
+TASK_TYPE = "task_type"
 SELFPLAY_META = (
+    TASK_TYPE,
     "safety_score",
     "completion_score",
     "format_reward",
@@ -60,6 +65,10 @@ class SolvedGroup:
 
     def question_id(self, index: int) -> str:
         return f"{self.prompt_id}-a{self.proposal.attempt}-q{index}"
+
+
+def _seed_type(group: SolvedGroup) -> str:
+    return str(group.proposal.seed_task.meta.get("type") or "")
 
 
 def _empty_meta() -> dict[str, list[Any]]:
@@ -121,6 +130,7 @@ def build_joint_batch(
                 F.POLICY_VERSION: ep.policy_version,
                 F.PROMPT_TEXT: str(question.get("instruction", "")),
                 F.RESPONSE_TEXT: " || ".join(ep.turns),
+                TASK_TYPE: str(question.get("type") or _seed_type(g)),
                 "safety_score": g.safety[qi][r],
                 "completion_score": g.completion[qi][r],
                 "format_reward": fmt,
@@ -149,6 +159,7 @@ def build_joint_batch(
             F.POLICY_VERSION: traj.policy_version,
             F.PROMPT_TEXT: g.proposal.seed_task.question,
             F.RESPONSE_TEXT: traj.text,
+            TASK_TYPE: _seed_type(g),
             "proposer_reward": p_rewards[g.prompt_id],
             "end_reason": "proposal_error" if g.proposal.error else "",
             "finish_reason": traj.finish_reason,

@@ -20,16 +20,30 @@ import nemo_azr.algorithms  # noqa: F401  (registers estimators and losses)
 import nemo_azr.rlcr  # noqa: F401  (registers the RLCR workflows and estimator)
 import nemo_azr.rollout  # noqa: F401  (registers generation backends)
 import nemo_azr.selfplay  # noqa: F401  (registers the azr self-play workflow)
+from nemo_azr.algorithms.dapo import (
+    apply_overlong_penalty,
+    first_groups,
+    informative_rows,
+    num_groups,
+    retag_round,
+)
 from nemo_azr.algorithms.objective import apply_kl_reward_penalty
 from nemo_azr.algorithms.per_role import role_split_estimator
 from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
-from nemo_azr.contracts import Batch, validate_batch
+from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError, ConfigError, RewardError
+from nemo_azr.models.hf_critic import CRITIC_DIR
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
-from nemo_azr.registry import ADVANTAGE_ESTIMATORS, GENERATION_BACKENDS, POLICY_BACKENDS, WORKFLOWS
+from nemo_azr.registry import (
+    ADVANTAGE_ESTIMATORS,
+    CRITIC_BACKENDS,
+    GENERATION_BACKENDS,
+    POLICY_BACKENDS,
+    WORKFLOWS,
+)
 from nemo_azr.rollout.assemble import rollout_logprob_gap
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.selfplay.task import build_selfplay_task
@@ -150,6 +164,7 @@ class Trainer:
         policy_cls = POLICY_BACKENDS.get(cfg.model.backend)
         self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
+        self.critic = self._build_critic(role_estimators)
         self.ref = None
         if cfg.algorithm.kl.coef > 0:  # frozen copy of the initial policy
             self.ref = policy_cls(self.model_path, cfg, trainable=False, device=self.device)
@@ -160,13 +175,33 @@ class Trainer:
         self.last_samples: list[dict] = []  # the last step's sample texts (logger.samples_per_step)
         self._reward_error_reported = False
 
-    def _optimizer_steps_total(self) -> int:
-        alg = self.cfg.algorithm
+    def _optimizer_steps_total(self, model=None) -> int:
+        """Optimizer steps of the whole run for ``model`` (the policy, or the critic with its own
+        epochs / mini-batches): the LR schedule's horizon."""
+        epochs, mini, _ = (model or self.policy).update_schedule()
         # A workflow may produce more rows per prompt than n_samples (RLCR two-turn: G_a + G_a x G_c).
         per_prompt = getattr(self.workflow, "rows_per_prompt", self.cfg.generation.n_samples)
         rows = self.cfg.data.prompts_per_step * per_prompt
-        per_step = alg.ppo_epochs * max(1, rows // (alg.mini_batch_size or rows))
+        per_step = epochs * max(1, rows // (mini or rows))
         return per_step * self.cfg.trainer.max_steps
+
+    def _build_critic(self, role_estimators: dict[str, str] | None):
+        """PPO's critic when the advantage estimator needs values (``gae``), else None. Self-play with
+        ``critic.per_role_values`` gets one value head per role."""
+        if F.VALUES not in getattr(self.estimator, "required_keys", ()):
+            return None
+        cfg = self.cfg
+        roles = (
+            list(role_estimators) if role_estimators and cfg.critic.per_role_values else [Role.SOLVER.value]
+        )
+        path = (
+            resolve_model_path(cfg.critic.model_path, cfg.model.tiny)
+            if cfg.critic.model_path
+            else self.model_path
+        )
+        critic = CRITIC_BACKENDS.get(cfg.model.backend)(path, cfg, roles=roles, device=self.device)
+        critic.setup_optimizer(total_steps=self._optimizer_steps_total(critic))
+        return critic
 
     # --- checkpoint ------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -199,6 +234,9 @@ class Trainer:
             (tmp / "config.yaml").write_text(to_yaml(self.cfg))
             if self._warmup is not None:  # stopped part-way by a signal: resumable
                 torch.save(self._warmup.state_dict(), tmp / SFT_WARMUP_FILE)
+            if self.critic is not None:
+                (tmp / CRITIC_DIR).mkdir()
+                self.critic.save(tmp / CRITIC_DIR)
             if asynchronous:  # the policy's finalize step publishes the folder
                 self.policy.save(
                     tmp, tokenizer=self.tokenizer, on_written=lambda: self.checkpointer.publish(tmp, step)
@@ -223,6 +261,8 @@ class Trainer:
         be read raises :class:`CheckpointDamagedError` naming it, not torch's or json's error."""
         self._check_model_shape(folder)
         self.policy.load(folder)
+        if self.critic is not None:
+            self.critic.load(folder / CRITIC_DIR)
         self.state = _read_checkpoint_file(
             folder, "trainer_state.json", lambda p: TrainerState(**json.loads(p.read_text()))
         )
@@ -299,6 +339,19 @@ class Trainer:
             why = "every reward was NaN/inf" + (" or raised" if reward_errors else "")
             return self._skip(step, metrics, why)
         validate_batch(batch, "reward")
+        if alg.dynamic_sampling:  # DAPO: keep only groups whose rewards differ, draw more prompts
+            batch, sampling_metrics = self._dynamic_sampling(batch, step)
+            metrics.update(sampling_metrics)
+            if batch is None:
+                return self._skip(
+                    step,
+                    metrics,
+                    f"dynamic sampling found no group with differing rewards in "
+                    f"{alg.max_sampling_rounds} rounds",
+                    "raise algorithm.max_sampling_rounds, or the task is too easy / too hard for the model",
+                )
+        max_len = batch.info.get("max_new_tokens") or cfg.generation.max_new_tokens
+        metrics.update(apply_overlong_penalty(batch, alg, max_len=max_len))
         if getattr(self.estimator, "needs_greedy_baseline", False):
             batch[F.BASELINE_REWARDS] = self._greedy_baseline(batch, examples, step)
         if hasattr(self.backend, "release"):  # rollout done: an engine frees its GPU memory (trtllm sleeps)
@@ -318,17 +371,33 @@ class Trainer:
                 metrics.update(apply_kl_reward_penalty(batch, alg))
         t_logprob = time.perf_counter()
 
+        if self.critic is not None:  # rollout-time values: GAE's input and the value clip's anchor
+            batch[F.VALUES] = self.critic.compute_values(batch)
+        t_values = time.perf_counter()
+
         advantages, returns = self.estimator(batch, alg)
         batch[F.ADVANTAGES] = advantages
         if returns is not None:
             batch[F.RETURNS] = returns
         validate_batch(batch, "update", extra=getattr(self.estimator, "required_keys", ()))
-        update_metrics = self.policy.update(
-            batch,
-            norm_length=self.norm_length,
-            generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=1)),
-        )
-        metrics.update(update_metrics)
+        if self.critic is not None:
+            metrics.update(
+                self.critic.update(
+                    batch,
+                    norm_length=self.norm_length,
+                    generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=2)),
+                )
+            )
+        t_critic = time.perf_counter()
+        if self.critic is not None and step < cfg.critic.warmup_steps:
+            metrics["critic/warmup"] = 1.0  # the policy waits until the values mean something
+        else:
+            update_metrics = self.policy.update(
+                batch,
+                norm_length=self.norm_length,
+                generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=1)),
+            )
+            metrics.update(update_metrics)
         t_update = time.perf_counter()
 
         self.backend.sync_weights(self.policy)
@@ -344,8 +413,13 @@ class Trainer:
                 "timing/rollout_s": t_rollout - t_start,
                 "timing/reward_s": t_reward - t_rollout,
                 "timing/logprob_s": t_logprob - t_reward,
-                "timing/update_s": t_update - t_logprob,
+                "timing/update_s": t_update - t_critic,
                 "timing/refit_s": t_refit - t_update,
+                **(
+                    {"timing/values_s": t_values - t_logprob, "timing/critic_update_s": t_critic - t_values}
+                    if self.critic is not None
+                    else {}
+                ),
                 "timing/step_s": time.perf_counter() - t_start,
                 "throughput/response_tokens_per_s": metrics["batch/tokens"] / (t_rollout - t_start),
                 "system/peak_rss_gb": peak_rss_gb(),
@@ -355,6 +429,37 @@ class Trainer:
             }
         )
         return metrics
+
+    def _dynamic_sampling(self, batch: Batch, step: int) -> tuple[Batch | None, dict[str, float]]:
+        """DAPO's dynamic sampling: drop the groups whose rewards are all equal and roll out more
+        prompts (at most ``algorithm.max_sampling_rounds`` rollouts in all) until
+        ``data.prompts_per_step`` groups have a reward spread; extra groups are cut. Filtering uses the
+        task's reward, before any overlong shaping (a length penalty alone must not keep a group)."""
+        cfg = self.cfg
+        target = cfg.data.prompts_per_step
+        drawn = num_groups(batch)
+        kept = batch.index(informative_rows(batch))
+        rounds = 1
+        while num_groups(kept) < target and rounds < cfg.algorithm.max_sampling_rounds:
+            more = self.workflow.run(self.loader.next_batch(), self.backend, self.sampling, step=step)
+            if F.REWARDS not in more.tensors:
+                more = score_batch(more, self.task)
+            more, _ = drop_nonfinite_rewards(more)
+            if more is not None:
+                more = retag_round(more, rounds)
+                drawn += num_groups(more)
+                kept = Batch.concat([kept, more.index(informative_rows(more))])
+            rounds += 1
+        informative = num_groups(kept)
+        if informative > target:
+            kept = first_groups(kept, target)
+        metrics = {
+            "dapo/sampling_rounds": float(rounds),
+            "dapo/groups_drawn": float(drawn),
+            "dapo/groups_dropped": float(drawn - informative),
+            "dapo/groups_kept": float(num_groups(kept)),
+        }
+        return (kept if len(kept) else None), metrics
 
     def _report_reward_error(self, step: int, errors: dict) -> None:
         """One stderr line the first time the reward function raises (then only the count metric)."""

@@ -259,3 +259,71 @@ def test_sequence_rewards_and_last_token_placement():
     assert sequence_rewards(batch).tolist() == [1.0, 2.0, 0.0, 4.0]
     del batch.tensors["token_rewards"]
     assert sequence_rewards(batch).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+# --- gae -----------------------------------------------------------------------------------------
+
+
+def _gae_reference(token_rewards, values, mask, gamma, lam):
+    """GAE written from the paper, one row at a time over the row's trained positions (a list)."""
+    out_adv, out_ret = [], []
+    for r_row, v_row, m_row in zip(token_rewards, values, mask):
+        steps = [t for t, m in enumerate(m_row) if m]
+        adv = [0.0] * len(m_row)
+        ret = [0.0] * len(m_row)
+        running = 0.0
+        for i in reversed(range(len(steps))):
+            t = steps[i]
+            v_next = v_row[steps[i + 1]] if i + 1 < len(steps) else 0.0
+            delta = r_row[t] + gamma * v_next - v_row[t]
+            running = delta + gamma * lam * running
+            adv[t], ret[t] = running, running + v_row[t]
+        out_adv.append(adv)
+        out_ret.append(ret)
+    return out_adv, out_ret
+
+
+def test_gae_by_hand_with_an_environment_gap():
+    # Row 0: trained columns 1..3, reward 1 at column 3; gamma 0.9, lambda 0.8 (gamma*lambda = 0.72):
+    #   t3: delta = 1 - 0.7 = 0.3                A3 = 0.3
+    #   t2: delta = 0.9*0.7 - 0.6 = 0.03          A2 = 0.03 + 0.72*0.3 = 0.246
+    #   t1: delta = 0.9*0.6 - 0.5 = 0.04          A1 = 0.04 + 0.72*0.246 = 0.21712
+    # Row 1: column 2 is an environment token (mask 0, its value ignored); same reward:
+    #   t3: A3 = 0.3;  t1: delta = 0.9*0.7 - 0.5 = 0.13, A1 = 0.13 + 0.72*0.3 = 0.346
+    values = torch.tensor([[0.0, 0.5, 0.6, 0.7], [0.0, 0.5, 9.0, 0.7]])
+    batch = _batch([1.0, 1.0], mask=[[0, 1, 1, 1], [0, 1, 0, 1]], values=values)
+    adv, ret = _run("gae", batch, gamma=0.9, gae_lambda=0.8, whiten_advantages=False)
+    torch.testing.assert_close(adv, torch.tensor([[0, 0.21712, 0.246, 0.3], [0, 0.346, 0, 0.3]]))
+    torch.testing.assert_close(ret, torch.tensor([[0, 0.71712, 0.846, 1.0], [0, 0.846, 0, 1.0]]))
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.99, 0.95), (0.9, 0.0)])
+def test_gae_matches_the_per_row_reference_and_whitens(gamma, lam):
+    g = torch.Generator().manual_seed(int(gamma * 100 + lam * 10))
+    mask = (torch.rand(5, 9, generator=g) > 0.3).float()
+    mask[:, 0] = 0
+    mask[4] = 0  # a row without trained tokens
+    values = torch.randn(5, 9, generator=g)
+    token_rewards = torch.randn(5, 9, generator=g) * mask
+    batch = _batch([0.0] * 5, mask=mask.tolist(), values=values, token_rewards=token_rewards)
+    adv, ret = _run("gae", batch, gamma=gamma, gae_lambda=lam, whiten_advantages=False)
+    ref_adv, ref_ret = _gae_reference(token_rewards.tolist(), values.tolist(), mask.tolist(), gamma, lam)
+    torch.testing.assert_close(adv, torch.tensor(ref_adv), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ret, torch.tensor(ref_ret), atol=1e-5, rtol=1e-5)
+    if lam == 1.0 and gamma == 1.0:  # Monte-Carlo: A_t = (sum of rewards from t) - V_t
+        suffix = torch.flip(torch.cumsum(torch.flip(token_rewards, [1]), 1), [1])
+        torch.testing.assert_close(adv, (suffix - values) * mask, atol=1e-5, rtol=1e-5)
+    white, ret2 = _run("gae", batch, gamma=gamma, gae_lambda=lam)
+    torch.testing.assert_close(ret2, ret)  # the critic's target is not whitened
+    picked = white[mask > 0]
+    assert picked.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert picked.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-4)
+    assert torch.equal(white[mask == 0], torch.zeros_like(white[mask == 0]))
+
+
+def test_gae_needs_values_of_the_mask_shape():
+    assert ADVANTAGE_ESTIMATORS.get("gae").required_keys == ("values",)
+    with pytest.raises(BatchContractError, match="gae.*values"):
+        _run("gae", _batch([1.0], mask=[[1, 1]]))
+    with pytest.raises(BatchContractError, match="'values' must be \\[1, 2\\]"):
+        _run("gae", _batch([1.0], mask=[[1, 1]], values=torch.zeros(1, 3)))

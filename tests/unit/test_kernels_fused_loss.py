@@ -164,6 +164,16 @@ def test_fused_plain_clip_k1_no_entropy_on_policy(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_cispo_single_pass_matches_policy_objective(backend):
+    p = _problem(seed=5)
+    cfg = _cfg("token-mean", loss="cispo", clip_ratio_low=1.0, clip_ratio_high=0.05)
+    norms = {"num_tokens": None, "num_seqs": None, "norm_length": None}
+    ref = _reference(p, cfg, norms)
+    assert 0 < ref[1]["actor/clip_frac"] < 1  # some weights clipped, some not
+    _assert_same(_fused(p, cfg, norms, backend), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_fused_gspo_takes_the_two_pass_path(backend):
     p = _problem(seed=3)
     cfg = _cfg("seq-mean-token-mean", loss="gspo")

@@ -156,6 +156,62 @@ def test_gspo_gradient_matches_sequence_objective():
     assert objective.item() == pytest.approx((-e1 + e3 - 1.3) / 3)
 
 
+# --- cispo ---------------------------------------------------------------------------------------
+# Same tokens as ppo_clip (clip low .2, high .3 -> weight in [0.8, 1.3], detached):
+#   t  A   ratio  w=clip(r)  loss=-A w logp        dloss/dlogp = -A w
+#   0  +1  1.5    1.3        -1.3 log 1.5           -1.3   (clipped: gradient kept, weight capped)
+#   1  +1  0.5    0.8        -0.8 log 0.5           -0.8   (clipped low)
+#   2  -1  0.5    0.8         0.8 log 0.5            0.8   (clipped low)
+#   3  -1  1.2    1.2         1.2 log 1.2            1.2
+#   4  -1  5.0    1.3         1.3 log 5              1.3   (clipped high)
+#   5  +2  1.0    1.0        -2   log 1 = 0         -2.0
+
+
+def test_cispo_values_gradient_and_metrics():
+    logprobs, old = _ppo_inputs()
+    loss, metrics = POLICY_LOSSES.get("cispo")(
+        logprobs=logprobs, old_logprobs=old, advantages=PPO_A, loss_mask=PPO_MASK, cfg=_ppo_cfg()
+    )
+    weights = [1.3, 0.8, 0.8, 1.2, 1.3, 1.0]
+    expected = [-a * w * math.log(r) for a, w, r in zip(PPO_A[0, :6].tolist(), weights, PPO_RATIO)]
+    torch.testing.assert_close(loss[0, :6], torch.tensor(expected, dtype=D))
+    (loss * PPO_MASK).sum().backward()
+    grad = [-a * w for a, w in zip(PPO_A[0, :6].tolist(), weights)] + [0.0]
+    torch.testing.assert_close(logprobs.grad, torch.tensor([grad], dtype=D))  # no token loses its gradient
+    assert metrics["clip_frac"].item() == pytest.approx(4 / 6)  # t0, t1, t2, t4
+    assert metrics["ratio_mean"].item() == pytest.approx((1.5 + 0.5 + 0.5 + 1.2 + 5.0 + 1.0) / 6)
+
+
+def test_cispo_without_lower_bound_and_on_policy_equals_reinforce():
+    """clip_ratio_low >= 1: no lower bound (the paper's setting); at ratio 1 the gradient is -A."""
+    logprobs, old = _ppo_inputs()
+    loss, metrics = POLICY_LOSSES.get("cispo")(
+        logprobs=logprobs,
+        old_logprobs=old,
+        advantages=PPO_A,
+        loss_mask=PPO_MASK,
+        cfg=_ppo_cfg(clip_ratio_low=1.0),
+    )
+    (loss * PPO_MASK).sum().backward()
+    weights = [1.3, 0.5, 0.5, 1.2, 1.3, 1.0]  # 0.5 is kept: only the upper bound clips
+    torch.testing.assert_close(
+        logprobs.grad,
+        torch.tensor([[-a * w for a, w in zip(PPO_A[0, :6].tolist(), weights)] + [0.0]], dtype=D),
+    )
+    assert metrics["clip_frac"].item() == pytest.approx(2 / 6)
+    lp = torch.tensor([[-0.7, -1.2]], dtype=D, requires_grad=True)
+    adv = torch.tensor([[0.5, -2.0]], dtype=D)
+    out, _ = POLICY_LOSSES.get("cispo")(
+        logprobs=lp,
+        old_logprobs=lp.detach(),
+        advantages=adv,
+        loss_mask=torch.ones(1, 2, dtype=D),
+        cfg=_ppo_cfg(),
+    )
+    out.sum().backward()
+    torch.testing.assert_close(lp.grad, -adv)  # REINFORCE's -A * dlogp
+
+
 def test_unknown_loss():
     with pytest.raises(ConfigError, match="ppo_clip"):
         POLICY_LOSSES.get("ppo_clipp")

@@ -1,0 +1,213 @@
+"""``hf`` critic: PPO's value model, a transformers trunk with one scalar head per role.
+
+The model is transformers' own ``AutoModelForTokenClassification`` (``num_labels`` = number of
+roles), so a saved critic is a plain HF folder that loads anywhere. Its trunk starts from the
+policy's weights (``critic.model_path``, default ``model.path``); the head starts at zero, so the
+first values are 0 everywhere (a neutral baseline) and the first update trains the head alone.
+Values are aligned like the log-probs: ``values[:, t]`` is the head's output at position ``t - 1``,
+the state from which token ``t`` is chosen, and 0 where ``loss_mask`` is 0. A row reads the head
+of its ``role`` (self-play: solver and proposer never share a baseline).
+
+Training: the clipped value loss (:mod:`nemo_azr.algorithms.value_loss`) in the shared update loop
+(:class:`~nemo_azr.models.ppo_update.PPOUpdateMixin`: epochs x mini-batches x micro-batches with
+the mini-batch's normalisers), its own AdamW and schedule (``critic.optim``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_model
+from transformers import AutoConfig, AutoModelForTokenClassification
+from transformers.utils import logging as hf_logging
+
+from nemo_azr.algorithms.value_loss import clipped_value_loss, explained_variance
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts import Batch, Role
+from nemo_azr.contracts import fields as F
+from nemo_azr.errors import BatchContractError, CheckpointDamagedError, CheckpointError
+from nemo_azr.models.hf_policy import decoder_hidden_states
+from nemo_azr.models.optim import build_optimizer
+from nemo_azr.models.ppo_update import PPOUpdateMixin
+from nemo_azr.registry import CRITIC_BACKENDS
+
+#: The critic's files inside a trainer checkpoint ``step_N/``.
+CRITIC_DIR = "critic"
+
+
+def role_heads(batch: Batch, roles: Sequence[str]) -> torch.Tensor:
+    """``[B]`` index of each row's value head: its ``role`` (meta) in ``roles``; one head: all 0."""
+    if len(roles) == 1:
+        return torch.zeros(len(batch), dtype=torch.long)
+    if F.ROLE not in batch.meta:
+        raise BatchContractError(f"a critic with one value head per role {list(roles)} needs the meta 'role'")
+    index = {r: i for i, r in enumerate(roles)}
+    unknown = sorted(set(batch.meta[F.ROLE]) - set(index))
+    if unknown:
+        raise BatchContractError(f"rows with role(s) {unknown} have no value head; heads: {list(roles)}")
+    return torch.tensor([index[r] for r in batch.meta[F.ROLE]], dtype=torch.long)
+
+
+@CRITIC_BACKENDS.register("hf")
+class HFCritic(PPOUpdateMixin):
+    """Value model ``V(prefix)`` for GAE, trained on the returns of the same batch."""
+
+    metric_prefix = "critic"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: NemoAzrConfig,
+        *,
+        roles: Sequence[str] = (Role.SOLVER.value,),
+        device: str | torch.device = "cpu",
+    ) -> None:
+        self.cfg = cfg
+        self.roles = list(roles)
+        self.device = torch.device(device)
+        config = AutoConfig.from_pretrained(str(model_path))
+        config.num_labels = len(self.roles)
+        config.classifier_dropout = 0.0  # values must not be noisy; the head is applied without dropout
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "score.* newly initialised" is expected: it is the value head
+        try:
+            self.model = AutoModelForTokenClassification.from_pretrained(
+                str(model_path), config=config, dtype=getattr(torch, cfg.model.dtype)
+            )
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        with torch.no_grad():
+            self.model.score.weight.zero_()
+            if self.model.score.bias is not None:
+                self.model.score.bias.zero_()
+        self.model.to(self.device).train()
+        if cfg.model.gradient_checkpointing:
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            (enable or self.model.gradient_checkpointing_enable)()
+        self.autocast_dtype = getattr(torch, cfg.model.autocast_dtype) if cfg.model.autocast_dtype else None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.scheduler = None
+
+    # --- schedule ----------------------------------------------------------------------------------
+    def update_schedule(self) -> tuple[int, int, bool]:
+        c, alg = self.cfg.critic, self.cfg.algorithm
+        return (
+            c.ppo_epochs or alg.ppo_epochs,
+            c.mini_batch_size or alg.mini_batch_size,
+            alg.shuffle_mini_batches,
+        )
+
+    def micro_batch_rows(self) -> int:
+        return self.cfg.critic.micro_batch_size or self.cfg.algorithm.micro_batch_size
+
+    def setup_optimizer(self, total_steps: int) -> None:
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), self.cfg.critic.optim, total_steps=total_steps
+        )
+
+    # --- values ------------------------------------------------------------------------------------
+    def token_values(self, batch: Batch) -> torch.Tensor:
+        """``values[B, T]`` (float32, differentiable): each row's head at the position before each
+        trained token; 0 where ``loss_mask`` is 0."""
+        hidden, _ = decoder_hidden_states(self.model, batch, self.device, self.autocast_dtype)
+        heads = self.model.score(hidden[:, :-1]).float()  # [B, T-1, roles]
+        index = role_heads(batch, self.roles).to(self.device)
+        picked = heads.gather(-1, index.view(-1, 1, 1).expand(-1, heads.shape[1], 1)).squeeze(-1)
+        values = torch.nn.functional.pad(picked, (1, 0))
+        return values * (batch[F.LOSS_MASK].to(self.device) > 0)
+
+    # PPOUpdateMixin.compute_logprobs runs token_logprobs micro-batched under no_grad.
+    token_logprobs = token_values
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """No-grad ``values[B, T]`` (the rollout-time values: GAE's input and the clip's anchor)."""
+        return self.compute_logprobs(batch)
+
+    # --- training ----------------------------------------------------------------------------------
+    def micro_objective(
+        self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        for key in (F.VALUES, F.RETURNS):
+            if key not in micro.tensors:
+                raise BatchContractError(
+                    f"critic update: the batch has no {key!r} [B,T] (run the gae estimator)"
+                )
+        values = self.token_values(micro)
+        return clipped_value_loss(
+            values=values,
+            old_values=micro[F.VALUES].to(self.device),
+            returns=micro[F.RETURNS].to(self.device),
+            loss_mask=micro[F.LOSS_MASK].to(self.device),
+            cliprange=self.cfg.critic.cliprange_value,
+            loss_agg_mode=self.cfg.critic.loss_agg_mode,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            norm_length=norm_length,
+        )
+
+    def update(
+        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
+    ) -> dict[str, float]:
+        """The critic's epochs over ``batch`` (which holds ``values`` and ``returns``), and the
+        explained variance of the rollout-time values (how well the critic predicted the returns)."""
+        metrics = super().update(batch, norm_length=norm_length, generator=generator)
+        mask = batch[F.LOSS_MASK]
+        metrics["critic/explained_variance"] = explained_variance(batch[F.VALUES], batch[F.RETURNS], mask)
+        metrics["critic/returns_mean"] = float((batch[F.RETURNS] * mask).sum() / mask.sum().clamp(min=1))
+        metrics["critic/values_mean"] = float((batch[F.VALUES] * mask).sum() / mask.sum().clamp(min=1))
+        return metrics
+
+    def _clip_and_step(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.critic.optim.grad_clip if self.cfg.critic.optim.grad_clip > 0 else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return norm
+
+    # --- checkpoint ------------------------------------------------------------------------------
+    def save(self, folder: Path) -> None:
+        """``folder`` (a checkpoint's ``critic/``): the HF token-classification model + optimizer."""
+        self.model.save_pretrained(folder)
+        if self.optimizer is not None:
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                folder / "optimizer.pt",
+            )
+
+    def load(self, folder: Path) -> None:
+        weights = folder / "model.safetensors"
+        if not weights.is_file():
+            raise CheckpointError(
+                f"{folder.parent} has no critic ({CRITIC_DIR}/model.safetensors): it was written by a run "
+                "without a critic; resume it with its own estimator, or start a new output_dir"
+            )
+        try:
+            load_model(self.model, str(weights), strict=True, device=str(self.device))
+        except SafetensorError as exc:
+            raise CheckpointDamagedError(
+                f"checkpoint {folder.parent}: {CRITIC_DIR}/model.safetensors is unreadable "
+                f"({str(exc).splitlines()[0]})"
+            ) from None
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"checkpoint {folder.parent}: the critic does not fit this one (another model, or another "
+                f"number of value heads?): {str(exc).splitlines()[0]}"
+            ) from None
+        if self.optimizer is not None:
+            try:
+                state = torch.load(folder / "optimizer.pt", weights_only=False)
+                optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
+            except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a damaged file
+                raise CheckpointDamagedError(
+                    f"checkpoint {folder.parent}: {CRITIC_DIR}/optimizer.pt is unreadable "
+                    f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})"
+                ) from None
+            self.optimizer.load_state_dict(optimizer_state)
+            self.scheduler.load_state_dict(scheduler_state)
