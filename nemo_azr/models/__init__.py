@@ -6,4 +6,5 @@ from nemo_azr.models import hf_critic, hf_policy  # noqa: F401
 # The megatron backend registers only where megatron-core is installed; validate_config reports
 # model.backend=megatron without it in one line (MEGATRON_MISSING).
 if megatron_core_available():
+    from nemo_azr.models.megatron import critic as megatron_critic  # noqa: F401
     from nemo_azr.models.megatron import policy as megatron_policy  # noqa: F401

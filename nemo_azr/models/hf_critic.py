@@ -25,38 +25,21 @@ from safetensors.torch import load_model
 from transformers import AutoConfig, AutoModelForTokenClassification
 from transformers.utils import logging as hf_logging
 
-from nemo_azr.algorithms.value_loss import clipped_value_loss, explained_variance
+from nemo_azr.algorithms.value_loss import clipped_value_loss
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
-from nemo_azr.errors import BatchContractError, CheckpointDamagedError, CheckpointError
+from nemo_azr.errors import CheckpointDamagedError, CheckpointError
+from nemo_azr.models.critic_common import CRITIC_DIR, NO_CRITIC_HINT, ValueModelMixin, pick_role_values
 from nemo_azr.models.hf_policy import decoder_hidden_states
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
 
-#: The critic's files inside a trainer checkpoint ``step_N/``.
-CRITIC_DIR = "critic"
-
-
-def role_heads(batch: Batch, roles: Sequence[str]) -> torch.Tensor:
-    """``[B]`` index of each row's value head: its ``role`` (meta) in ``roles``; one head: all 0."""
-    if len(roles) == 1:
-        return torch.zeros(len(batch), dtype=torch.long)
-    if F.ROLE not in batch.meta:
-        raise BatchContractError(f"a critic with one value head per role {list(roles)} needs the meta 'role'")
-    index = {r: i for i, r in enumerate(roles)}
-    unknown = sorted(set(batch.meta[F.ROLE]) - set(index))
-    if unknown:
-        raise BatchContractError(f"rows with role(s) {unknown} have no value head; heads: {list(roles)}")
-    return torch.tensor([index[r] for r in batch.meta[F.ROLE]], dtype=torch.long)
-
 
 @CRITIC_BACKENDS.register("hf")
-class HFCritic(PPOUpdateMixin):
+class HFCritic(ValueModelMixin, PPOUpdateMixin):
     """Value model ``V(prefix)`` for GAE, trained on the returns of the same batch."""
-
-    metric_prefix = "critic"
 
     def __init__(
         self,
@@ -93,14 +76,6 @@ class HFCritic(PPOUpdateMixin):
         self.scheduler = None
 
     # --- schedule ----------------------------------------------------------------------------------
-    def update_schedule(self) -> tuple[int, int, bool]:
-        c, alg = self.cfg.critic, self.cfg.algorithm
-        return (
-            c.ppo_epochs or alg.ppo_epochs,
-            c.mini_batch_size or alg.mini_batch_size,
-            alg.shuffle_mini_batches,
-        )
-
     def micro_batch_rows(self) -> int:
         return self.cfg.critic.micro_batch_size or self.cfg.algorithm.micro_batch_size
 
@@ -115,27 +90,16 @@ class HFCritic(PPOUpdateMixin):
         trained token; 0 where ``loss_mask`` is 0."""
         hidden, _ = decoder_hidden_states(self.model, batch, self.device, self.autocast_dtype)
         heads = self.model.score(hidden[:, :-1]).float()  # [B, T-1, roles]
-        index = role_heads(batch, self.roles).to(self.device)
-        picked = heads.gather(-1, index.view(-1, 1, 1).expand(-1, heads.shape[1], 1)).squeeze(-1)
-        values = torch.nn.functional.pad(picked, (1, 0))
-        return values * (batch[F.LOSS_MASK].to(self.device) > 0)
+        per_head = torch.nn.functional.pad(heads.permute(2, 0, 1), (1, 0))  # [roles, B, T]
+        return pick_role_values(per_head, batch, self.roles) * (batch[F.LOSS_MASK].to(self.device) > 0)
 
     # PPOUpdateMixin.compute_logprobs runs token_logprobs micro-batched under no_grad.
     token_logprobs = token_values
-
-    def compute_values(self, batch: Batch) -> torch.Tensor:
-        """No-grad ``values[B, T]`` (the rollout-time values: GAE's input and the clip's anchor)."""
-        return self.compute_logprobs(batch)
 
     # --- training ----------------------------------------------------------------------------------
     def micro_objective(
         self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        for key in (F.VALUES, F.RETURNS):
-            if key not in micro.tensors:
-                raise BatchContractError(
-                    f"critic update: the batch has no {key!r} [B,T] (run the gae estimator)"
-                )
         values = self.token_values(micro)
         return clipped_value_loss(
             values=values,
@@ -148,18 +112,6 @@ class HFCritic(PPOUpdateMixin):
             num_seqs=num_seqs,
             norm_length=norm_length,
         )
-
-    def update(
-        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
-        """The critic's epochs over ``batch`` (which holds ``values`` and ``returns``), and the
-        explained variance of the rollout-time values (how well the critic predicted the returns)."""
-        metrics = super().update(batch, norm_length=norm_length, generator=generator)
-        mask = batch[F.LOSS_MASK]
-        metrics["critic/explained_variance"] = explained_variance(batch[F.VALUES], batch[F.RETURNS], mask)
-        metrics["critic/returns_mean"] = float((batch[F.RETURNS] * mask).sum() / mask.sum().clamp(min=1))
-        metrics["critic/values_mean"] = float((batch[F.VALUES] * mask).sum() / mask.sum().clamp(min=1))
-        return metrics
 
     def _clip_and_step(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -185,8 +137,7 @@ class HFCritic(PPOUpdateMixin):
         weights = folder / "model.safetensors"
         if not weights.is_file():
             raise CheckpointError(
-                f"{folder.parent} has no critic ({CRITIC_DIR}/model.safetensors): it was written by a run "
-                "without a critic; resume it with its own estimator, or start a new output_dir"
+                f"{folder.parent} has no critic ({CRITIC_DIR}/model.safetensors): {NO_CRITIC_HINT}"
             )
         try:
             load_model(self.model, str(weights), strict=True, device=str(self.device))

@@ -35,7 +35,7 @@ from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError, ConfigError, RewardError
-from nemo_azr.models.hf_critic import CRITIC_DIR
+from nemo_azr.models.critic_common import CRITIC_DIR
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -216,6 +216,8 @@ class Trainer:
             # Saving is collective (weights are gathered): write this rank's part into rank 0's folder.
             box: list = [None]
             dist.broadcast_object_list(box, src=0)
+            if self.critic is not None:  # collective too, in rank 0's order: critic, then policy
+                self.critic.save(Path(box[0]) / CRITIC_DIR)
             if asynchronous:
                 self.policy.save(Path(box[0]), tokenizer=None, on_written=lambda: None)
             else:
@@ -235,7 +237,6 @@ class Trainer:
             if self._warmup is not None:  # stopped part-way by a signal: resumable
                 torch.save(self._warmup.state_dict(), tmp / SFT_WARMUP_FILE)
             if self.critic is not None:
-                (tmp / CRITIC_DIR).mkdir()
                 self.critic.save(tmp / CRITIC_DIR)
             if asynchronous:  # the policy's finalize step publishes the folder
                 self.policy.save(

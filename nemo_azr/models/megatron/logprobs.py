@@ -31,10 +31,13 @@ import torch.distributed as dist
 from nemo_azr.kernels import linear_token_logprobs
 
 __all__ = [
+    "VALUE_HEAD",
     "CompactBatch",
     "PipelineLossFn",
     "compact_rows",
     "megatron_token_logprobs",
+    "megatron_token_values",
+    "value_head_outputs",
     "pad_columns",
     "pad_rows",
     "run_pipeline",
@@ -173,6 +176,34 @@ def _hidden_to_logprobs(
     return torch.stack(out) if return_entropy else out
 
 
+#: ``head(model, hidden, batch) -> values``: what the last stage computes from its final hidden states
+#: ``[S, B, H]`` for the target positions of ``batch``: ``[N]`` or ``[k, N]`` (k values per position).
+#: None everywhere below means the log-prob head (:func:`_hidden_to_logprobs`).
+HeadFn = Callable[[torch.nn.Module, torch.Tensor, CompactBatch], torch.Tensor]
+
+#: Attribute of the last stage's ``GPTModel`` that holds a critic's value head (``[H] -> [roles]``).
+VALUE_HEAD = "value_head"
+
+
+def value_head_outputs(model: torch.nn.Module, hidden: torch.Tensor, batch: CompactBatch) -> torch.Tensor:
+    """A critic's values ``[roles, N]`` (float32) at the positions that predict the targets of ``batch``.
+
+    The head is replicated over the tensor-parallel ranks (every rank holds the full hidden states
+    after the decoder), so each rank computes the same values and the same gradients: no reduction.
+    With sequence parallelism the hidden states are gathered with a split (not a reduce-scatter) as
+    backward, since every rank's gradient is already the full one.
+    """
+    from megatron.core import tensor_parallel
+
+    if model.config.sequence_parallel:
+        hidden = tensor_parallel.gather_from_sequence_parallel_region(
+            hidden, tensor_parallel_output_grad=False
+        )
+    hidden = hidden[: batch.input_ids.shape[1]].transpose(0, 1)
+    head = getattr(model, VALUE_HEAD)
+    return head(hidden[:, :-1][batch.targets]).float().t()
+
+
 def pad_columns(batch: CompactBatch, multiple: int) -> CompactBatch:
     """Right-pad the compacted columns so sequence parallelism can split them evenly."""
     extra = -batch.input_ids.shape[1] % multiple
@@ -190,9 +221,12 @@ def _forward_stage_local(
     chunk_size: int,
     backend: str,
     return_entropy: bool = False,
+    head: HeadFn | None = None,
 ) -> torch.Tensor:
     with _hidden_states_output(model):
         hidden = model(batch.input_ids, batch.position_ids(), None)
+    if head is not None:
+        return head(model, hidden, batch)
     return _hidden_to_logprobs(model, hidden, batch, temperature, chunk_size, backend, return_entropy)
 
 
@@ -237,12 +271,14 @@ def run_pipeline(
     chunk_size: int,
     backend: str,
     return_entropy: bool = False,
+    head: HeadFn | None = None,
 ) -> list[dict[str, Any]]:
     """Micro-batches of ``batch`` through megatron's pipeline schedule (1F1B, or interleaved with
     virtual stages); with ``forward_only=False`` gradients accumulate in the parameters.
 
-    ``batch`` must hold a multiple of ``micro_batch_size`` rows (:func:`pad_rows`). Returns the
-    metrics dicts of ``loss_fn`` on the last pipeline stage (an empty list on the other stages).
+    ``batch`` must hold a multiple of ``micro_batch_size`` rows (:func:`pad_rows`). The last stage
+    applies ``head`` (default: the log-prob head) and ``loss_fn``. Returns the metrics dicts of
+    ``loss_fn`` on the last pipeline stage (an empty list on the other stages).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -259,9 +295,12 @@ def run_pipeline(
             hidden = stage(micro.input_ids, micro.position_ids(), None)
 
         def loss_func(output: torch.Tensor):
-            values = _hidden_to_logprobs(
-                stage, output, micro, temperature, chunk_size, backend, return_entropy
-            )
+            if head is not None:
+                values = head(stage, output, micro)
+            else:
+                values = _hidden_to_logprobs(
+                    stage, output, micro, temperature, chunk_size, backend, return_entropy
+                )
             loss, metrics = loss_fn(next(position), micro, values)
             # Three outputs + config.calculate_per_token_loss: the loss is used as given.
             return loss, torch.ones((), dtype=torch.int), metrics
@@ -287,16 +326,21 @@ def _forward_pipelined(
     chunk_size: int,
     backend: str,
     micro_batch_size: int,
+    head: HeadFn | None = None,
+    width: int = 1,
 ) -> torch.Tensor:
-    """Forward-only pipeline schedule; ``[N]`` log-probs of the target positions on every stage."""
+    """Forward-only pipeline schedule; ``[N]`` log-probs (or ``[width, N]`` values of ``head``) of
+    the target positions on every stage."""
     from megatron.core import parallel_state as ps
 
     rows = batch.input_ids.shape[0]
     padded = pad_rows(batch, micro_batch_size)
 
     def keep_logprobs(_index: int, micro: CompactBatch, values: torch.Tensor):
-        dense = torch.zeros(micro.targets.shape, dtype=torch.float32, device=values.device)
-        return values.new_zeros(()), {"logprobs": dense.masked_scatter(micro.targets, values.float())}
+        values = values.float().reshape(width, -1)
+        dense = torch.zeros((width, *micro.targets.shape), dtype=torch.float32, device=values.device)
+        dense = torch.stack([d.masked_scatter(micro.targets, v) for d, v in zip(dense, values)])
+        return values.new_zeros(()), {"logprobs": dense}
 
     outputs = run_pipeline(
         chunks,
@@ -307,14 +351,16 @@ def _forward_pipelined(
         temperature=temperature,
         chunk_size=chunk_size,
         backend=backend,
+        head=head,
     )
-    result = torch.zeros(padded.targets.shape, dtype=torch.float32, device=batch.input_ids.device)
+    result = torch.zeros((width, *padded.targets.shape), dtype=torch.float32, device=batch.input_ids.device)
     if ps.is_pipeline_last_stage(ignore_virtual=True):
-        result = torch.cat([o["logprobs"] for o in outputs]).contiguous()
+        result = torch.cat([o["logprobs"] for o in outputs], dim=1).contiguous()
     dist.broadcast(
         result, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
     )
-    return result[:rows][batch.targets]
+    picked = torch.stack([r[:rows][batch.targets] for r in result])
+    return picked[0] if head is None else picked
 
 
 def megatron_token_logprobs(
@@ -360,3 +406,39 @@ def megatron_token_logprobs(
         mbs = micro_batch_size or input_ids.shape[0]
         values = _forward_pipelined(list(chunks), batch, temperature, chunk_size, backend, mbs)
     return batch.restore(values)[:, :width]
+
+
+def megatron_token_values(
+    model: torch.nn.Module | list[torch.nn.Module],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    *,
+    num_heads: int = 1,
+    micro_batch_size: int | None = None,
+) -> torch.Tensor:
+    """float32 ``values[num_heads, B, T]`` of a critic's value head (``GPTModel.value_head`` on the
+    last stage): column ``t`` is the head at the position that predicts token ``t``, aligned like
+    :func:`megatron_token_logprobs` (0 at column 0 and on padding). Differentiable without pipeline
+    parallelism; with it a no-grad forward whose result every stage receives."""
+    from megatron.core import parallel_state as ps
+
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    first = _unwrap(chunks[0])
+    device = next(first.parameters()).device
+    batch = compact_rows(
+        input_ids.to(device),
+        attention_mask.to(device),
+        None if position_ids is None else position_ids.to(device),
+    )
+    if first.config.sequence_parallel:
+        batch = pad_columns(batch, ps.get_tensor_model_parallel_world_size())
+    width = input_ids.shape[1]
+    if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
+        values = _forward_stage_local(first, batch, 1.0, 1, "torch", head=value_head_outputs)
+    else:
+        mbs = micro_batch_size or input_ids.shape[0]
+        values = _forward_pipelined(
+            list(chunks), batch, 1.0, 1, "torch", mbs, head=value_head_outputs, width=num_heads
+        )
+    return torch.stack([batch.restore(v)[:, :width] for v in values.reshape(num_heads, -1)])

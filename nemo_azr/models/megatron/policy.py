@@ -99,10 +99,12 @@ class MegatronPolicy(PPOUpdateMixin):
         *,
         trainable: bool = True,
         device: str | torch.device = "cpu",
+        share_parallel_groups: bool = False,
     ) -> None:
         from megatron.core import parallel_state as ps
 
         self.cfg = cfg
+        self.optim_cfg = self._optim_config()
         self.model_path = Path(model_path)
         self.device = torch.device(device)
         self.trainable = trainable
@@ -120,8 +122,10 @@ class MegatronPolicy(PPOUpdateMixin):
             num_key_value_heads=kv,
             num_layers=self.hf_config.num_hidden_layers,
         )
-        # A frozen reference model shares the actor's groups: re-initialising would replace them.
-        if trainable or not ps.model_parallel_is_initialized():
+        # A frozen reference model (and a critic) shares the actor's groups: re-initialising would
+        # replace them.
+        share = share_parallel_groups or not trainable
+        if not share or not ps.model_parallel_is_initialized():
             initialize_parallel(self.layout, seed=cfg.seed, backend=self.resolved.backend)
         dtype = getattr(torch, cfg.model.dtype)
         # One model chunk per virtual pipeline stage (interleaved schedule), else one.
@@ -138,6 +142,7 @@ class MegatronPolicy(PPOUpdateMixin):
         self.micro_batch_size = self.resolved.micro_batch_size
         self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.hf_config.vocab_size)
         self.kernel_backend = cfg.model.kernel_backend
+        self._attach_heads()
         if trainable:
             self.model.train()
         else:
@@ -154,6 +159,23 @@ class MegatronPolicy(PPOUpdateMixin):
         self.scheduler = None
         self._hf_model: torch.nn.Module | None = None
         self._async_queue = None  # megatron AsyncCallsQueue of trainer.async_save
+
+    def _optim_config(self) -> OptimConfig:
+        """The optimizer settings of this model (a critic has its own)."""
+        return self.cfg.optim
+
+    def _attach_heads(self) -> None:
+        """Add modules to the chunks after the weights are loaded and before any DDP wrapping (a
+        critic's value head); the policy has none."""
+
+    #: What the last stage computes in the pipelined update (None: log-probs; a critic: its values).
+    pipeline_head = None
+
+    def _loss_inputs(
+        self, batch: Batch, columns: list[torch.Tensor], entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The pipelined update's per-column outputs ``[b, T]`` -> the loss function's inputs."""
+        return columns[0], (columns[1] if entropy else None)
 
     # --- layout helpers --------------------------------------------------------------------------
     @property
@@ -173,13 +195,13 @@ class MegatronPolicy(PPOUpdateMixin):
     # --- optimisation set-up ----------------------------------------------------------------------
     def setup_optimizer(self, total_steps: int) -> None:
         if self.ddp_chunks is not None:  # each data-parallel rank keeps 1/dp of the AdamW state
-            self.optimizer = ShardedAdamW(self.ddp_chunks, self.cfg.optim, total_steps=total_steps)
+            self.optimizer = ShardedAdamW(self.ddp_chunks, self.optim_cfg, total_steps=total_steps)
             self.scheduler = self.optimizer.scheduler
             return
         # AdamW is elementwise, so each TP/PP rank stepping its own shard equals stepping the full
         # tensor; data-parallel replicas step identical (all-reduced) gradients.
         self.optimizer, self.scheduler = build_optimizer(
-            self.model.parameters(), self.cfg.optim, total_steps=total_steps
+            self.model.parameters(), self.optim_cfg, total_steps=total_steps
         )
 
     # --- HF export (generation copy, checkpoints) -------------------------------------------------
@@ -301,7 +323,7 @@ class MegatronPolicy(PPOUpdateMixin):
                 out = self.token_logprobs(micro, return_entropy=entropy)
                 loss, m = loss_fn(micro, *(out if entropy else (out, None)))
                 loss.backward()
-                add_micro_metrics(metrics, loss, m, weight=1.0)
+                add_micro_metrics(metrics, loss, m, weight=1.0, prefix=self.metric_prefix)
         elif len(mine):
             metrics = self._backward_pipelined(mine, loss_fn, entropy)
         _, dp = self._dp()
@@ -341,7 +363,7 @@ class MegatronPolicy(PPOUpdateMixin):
             per_column = [
                 micro.restore(v)[: len(batch), :width] * keep for v in values.view(-1, values.shape[-1])
             ]
-            loss, m = loss_fn(batch, per_column[0], per_column[1] if entropy else None)
+            loss, m = loss_fn(batch, *self._loss_inputs(batch, per_column, entropy))
             return loss, {"loss": float(loss.detach()), **{k: float(v) for k, v in m.items()}}
 
         outputs = run_pipeline(
@@ -354,11 +376,12 @@ class MegatronPolicy(PPOUpdateMixin):
             chunk_size=self.chunk_size,
             backend=self.kernel_backend,
             return_entropy=entropy,
+            head=self.pipeline_head,
         )
         metrics: dict[str, float] = defaultdict(float)
         for out in outputs:
             loss = torch.tensor(out.pop("loss"))
-            add_micro_metrics(metrics, loss, out, weight=1.0)
+            add_micro_metrics(metrics, loss, out, weight=1.0, prefix=self.metric_prefix)
         box = [dict(metrics)]
         dist.broadcast_object_list(
             box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
@@ -420,7 +443,7 @@ class MegatronPolicy(PPOUpdateMixin):
     def _clip_and_step(self) -> float:
         if isinstance(self.optimizer, ShardedAdamW):
             return self.optimizer.clip_and_step()
-        max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
+        max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else float("inf")
         norm = self._clip(max_norm)
         if math.isfinite(norm):
             self.optimizer.step()
