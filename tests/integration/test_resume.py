@@ -72,3 +72,27 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
         assert all(isinstance(r["response"], str) and r["reward"] in (0.0, 1.0) for r in rows)
     # the runs really trained: the policy moved and rewards were observed at every step
     assert all("reward/mean" in r and "actor/pg_loss" in r for r in a)
+
+
+@pytest.mark.slow
+def test_ppo_resume_with_its_critic_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
+    """Policy and critic (weights, both optimizers, both schedules) come back from the checkpoint."""
+    extra = [
+        "algorithm=ppo",
+        "critic.optim.schedule=cosine",
+        "critic.optim.warmup_steps=1",
+        "critic.warmup_steps=1",
+    ]
+    full = tmp_path / "full"
+    Trainer(load_config([*_overrides(tiny_cache, full), *extra])).fit()
+    split = tmp_path / "split"
+    first = _PreemptedTrainer(load_config([*_overrides(tiny_cache, split), *extra])).fit()
+    assert first.status == "preempted" and (first.checkpoint / "critic" / "model.safetensors").is_file()
+    Trainer(load_config([*_overrides(tiny_cache, split), *extra])).fit()
+    a = _comparable(read_metrics(full / "metrics.jsonl"))
+    b = _comparable(read_metrics(split / "metrics.jsonl"))
+    assert a == b
+    assert a[0]["critic/warmup"] == 1.0 and "actor/loss" not in a[0]  # step 0 trained the critic only
+    assert all("critic/vf_loss" in r and "critic/explained_variance" in r for r in a)
+    assert all("actor/pg_loss" in r for r in a[1:])
+    assert len({r["critic/values_mean"] for r in a}) == len(a)  # the critic changed every step
