@@ -255,6 +255,11 @@ def _validate_critic(cfg: NemoAzrConfig, rows: int, rows_desc: str) -> None:
 def _validate_dapo(cfg: NemoAzrConfig) -> None:
     alg = cfg.algorithm
     _require(
+        alg.estimator != "trr_plus_plus" or cfg.rollout.workflow == "azr",
+        "algorithm.estimator=trr_plus_plus normalises per task type x role, which self-play rows carry "
+        "(rollout.workflow=azr); for other tasks use grpo",
+    )
+    _require(
         alg.max_sampling_rounds >= 1,
         f"algorithm.max_sampling_rounds must be >= 1, got {alg.max_sampling_rounds}",
     )

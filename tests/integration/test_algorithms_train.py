@@ -13,7 +13,24 @@ PRESETS = sorted(p.stem for p in (config_dir() / "algorithm").glob("*.yaml"))
 
 
 def test_presets_are_found():
-    assert {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "remax", "gspo"} <= set(PRESETS)
+    assert {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "remax", "gspo", "ppo", "dapo", "cispo"} <= set(
+        PRESETS
+    )
+
+
+@pytest.mark.parametrize(
+    ("experiment", "preset", "expected"),
+    [
+        ("arithmetic_grpo_smollm2", "ppo", {"estimator": "gae", "loss": "ppo_clip"}),
+        ("arithmetic_grpo_smollm2", "dapo", {"dynamic_sampling": True, "clip_ratio_high": 0.28}),
+        ("azr_code", "cispo", {"loss": "cispo", "clip_ratio_low": 1.0}),
+        ("rlcr_single_turn_smollm2", "gspo", {"loss": "gspo"}),
+    ],
+)
+def test_presets_compose_with_experiments(experiment, preset, expected):
+    """An experiment sets its task and budget, never the algorithm's own keys: `algorithm=X` applies."""
+    alg = load_config([f"experiment={experiment}", f"algorithm={preset}"]).algorithm
+    assert {k: getattr(alg, k) for k in expected} == expected
 
 
 @pytest.mark.parametrize("preset", PRESETS)

@@ -17,8 +17,8 @@ from tests.cli_errors import cli_error
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["algorithm.estimator=nope"], "algorithm.estimator='nope' is unknown; known: grpo"),
-        (["algorithm.loss=nope"], "algorithm.loss='nope' is unknown; known: gspo"),
+        (["algorithm.estimator=nope"], "algorithm.estimator='nope' is unknown; known: gae, grpo"),
+        (["algorithm.loss=nope"], "algorithm.loss='nope' is unknown; known: cispo, gspo"),
         (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode='mean' is not one of"),
         (["trainer.max_steps=abc"], "trainer.max_steps"),
         (["trainer.nonexistent=1"], "Key 'nonexistent' not in 'TrainerConfig'"),
@@ -59,6 +59,17 @@ from tests.cli_errors import cli_error
         (["optim.betas=[0.9,nan]"], "optim.betas=[0.9, nan] is not a finite number"),
         (["algorithm.clip_ratio_high=-inf"], "algorithm.clip_ratio_high=-inf is not a finite number"),
         (["model=hf"], "model.path is empty: set model.path="),
+        (["algorithm=ppo", "critic.cliprange_value=-1"], "critic.cliprange_value must be >= 0"),
+        (["critic.optim.lr=0"], "critic.optim.lr must be > 0"),
+        (["algorithm=ppo", "critic.mini_batch_size=7"], "critic.mini_batch_size=7 must divide the rows"),
+        (["algorithm.gae_lambda=2"], "algorithm.gae_lambda must be in [0, 1]"),
+        (
+            ["algorithm=dapo", "algorithm.overlong_buffer_frac=1.5"],
+            "algorithm.overlong_buffer_frac must be in [0, 1)",
+        ),
+        (["algorithm=remax", "algorithm.dynamic_sampling=true"], "dynamic_sampling with estimator=remax"),
+        (["algorithm.max_sampling_rounds=0"], "algorithm.max_sampling_rounds must be >= 1"),
+        (["algorithm.estimator=trr_plus_plus"], "trr_plus_plus normalises per task type x role"),
     ],
 )
 def test_bad_configs_fail_with_one_line(capsys, overrides, expected):

@@ -181,3 +181,33 @@ def test_show_config_of_selfplay_experiments(experiment, capsys):
     assert main(["show-config", f"experiment={experiment}"]) == 0
     out = capsys.readouterr().out
     assert "workflow: azr" in out and "enabled: true" in out
+
+
+def test_joint_ppo_with_a_critic_keeps_the_roles_apart(tiny_cache, tmp_path):
+    """Proposer and solver PPO with one critic: a value head per role, GAE per role (each role's
+    advantages whitened on its own rows), both heads trained."""
+    import torch
+
+    from nemo_azr.contracts import fields as F
+
+    cfg = _code_cfg(tiny_cache, tmp_path, "algorithm.estimator=gae", "absolute_zero.proposer_estimator=gae")
+    trainer = Trainer(cfg)
+    trainer.backend = HostileBackend(trainer.tokenizer)
+    critic = trainer.critic
+    assert critic.roles == ["solver", "proposer"] and critic.model.score.out_features == 2
+    seen = []
+    update = critic.update
+    critic.update = lambda batch, **kw: (seen.append(batch), update(batch, **kw))[1]
+    for step in range(2):
+        m = trainer.train_step(step)
+        assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["actor/loss"])
+        assert m["joint/num_solver_rows"] == 12 and m["joint/num_proposer_rows"] == 3
+    batch = seen[-1]
+    mask = batch[F.LOSS_MASK] > 0
+    for role in ("solver", "proposer"):
+        rows = torch.tensor([r == role for r in batch[F.ROLE]])
+        adv = batch[F.ADVANTAGES][rows][mask[rows]]
+        assert adv.mean().item() == pytest.approx(0.0, abs=1e-5)
+        assert adv.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-3)
+    weight = critic.model.score.weight
+    assert (weight[0] != 0).any() and (weight[1] != 0).any() and not torch.equal(weight[0], weight[1])
