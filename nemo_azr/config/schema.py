@@ -187,6 +187,8 @@ class CriticConfig:
     mini_batch_size: int = 0  # rows per critic optimizer step; 0 -> algorithm.mini_batch_size
     micro_batch_size: int = 0  # rows per forward/backward; 0 -> algorithm.micro_batch_size
     per_role_values: bool = True  # self-play: one value head per role, so the roles never share a baseline
+    shared_trunk: bool = False  # hf: the value head on the policy's trunk, one joint loss and optimizer
+    value_loss_coef: float = 0.5  # shared_trunk: weight of the value loss in the joint loss
 
 
 @dataclass

@@ -248,6 +248,17 @@ def _validate_critic(cfg: NemoAzrConfig, rows: int, rows_desc: str) -> None:
             rows % c.mini_batch_size == 0,
             f"critic.mini_batch_size={c.mini_batch_size} must divide the rows per step ({rows_desc} = {rows})",
         )
+    if c.shared_trunk:
+        _require(
+            cfg.model.backend == "hf",
+            "critic.shared_trunk=true puts the value head on the hf policy's trunk; with model.backend=megatron "
+            "the critic is a separate model (critic.shared_trunk=false)",
+        )
+        _require(
+            c.warmup_steps == 0,
+            "critic.warmup_steps trains the critic alone, which a shared trunk cannot (one joint loss): set it to 0",
+        )
+        _require(c.value_loss_coef > 0, f"critic.value_loss_coef must be > 0, got {c.value_loss_coef}")
     alg = cfg.algorithm
     _require(0 <= alg.gae_lambda <= 1, f"algorithm.gae_lambda must be in [0, 1], got {alg.gae_lambda}")
 

@@ -44,6 +44,12 @@ def pick_role_values(per_head: torch.Tensor, batch: Batch, roles: Sequence[str])
     return per_head.gather(0, index.view(1, -1, 1).expand(1, -1, per_head.shape[-1])).squeeze(0)
 
 
+def require_value_targets(batch: Batch) -> None:
+    for key in (F.VALUES, F.RETURNS):
+        if key not in batch.tensors:
+            raise BatchContractError(f"critic update: the batch has no {key!r} [B,T] (run the gae estimator)")
+
+
 class ValueModelMixin:
     """The critic side of the update loop (mix in before the backend's policy/update class)."""
 
@@ -72,10 +78,18 @@ class ValueModelMixin:
                 raise BatchContractError(
                     f"critic update: the batch has no {key!r} [B,T] (run the gae estimator)"
                 )
-        metrics = super().update(batch, norm_length=norm_length, generator=generator)
-        mask = batch[F.LOSS_MASK]
-        count = mask.sum().clamp(min=1)
-        metrics["critic/explained_variance"] = explained_variance(batch[F.VALUES], batch[F.RETURNS], mask)
-        metrics["critic/returns_mean"] = float((batch[F.RETURNS] * mask).sum() / count)
-        metrics["critic/values_mean"] = float((batch[F.VALUES] * mask).sum() / count)
-        return metrics
+        return {
+            **super().update(batch, norm_length=norm_length, generator=generator),
+            **value_batch_metrics(batch),
+        }
+
+
+def value_batch_metrics(batch: Batch) -> dict[str, float]:
+    """How well the rollout-time ``values`` predicted the ``returns`` of ``batch`` (trained tokens)."""
+    mask = batch[F.LOSS_MASK]
+    count = mask.sum().clamp(min=1)
+    return {
+        "critic/explained_variance": explained_variance(batch[F.VALUES], batch[F.RETURNS], mask),
+        "critic/returns_mean": float((batch[F.RETURNS] * mask).sum() / count),
+        "critic/values_mean": float((batch[F.VALUES] * mask).sum() / count),
+    }

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model
+from safetensors.torch import load_model, save_file
 from transformers import AutoConfig, AutoModelForTokenClassification
 from transformers.utils import logging as hf_logging
 
@@ -30,11 +30,21 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError
-from nemo_azr.models.critic_common import CRITIC_DIR, NO_CRITIC_HINT, ValueModelMixin, pick_role_values
+from nemo_azr.models.critic_common import (
+    CRITIC_DIR,
+    NO_CRITIC_HINT,
+    ValueModelMixin,
+    pick_role_values,
+    require_value_targets,
+    value_batch_metrics,
+)
 from nemo_azr.models.hf_policy import decoder_hidden_states
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
+
+#: A shared-trunk critic's head inside a checkpoint's ``critic/`` (the trunk is the policy's).
+SHARED_HEAD_FILE = "value_head.safetensors"
 
 
 @CRITIC_BACKENDS.register("hf")
@@ -162,3 +172,62 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
                 ) from None
             self.optimizer.load_state_dict(optimizer_state)
             self.scheduler.load_state_dict(scheduler_state)
+
+
+class SharedTrunkCritic(ValueModelMixin):
+    """``critic.shared_trunk``: the value head sits on the policy's own trunk
+    (:meth:`HFPolicy.attach_value_head`), so policy and critic are one model trained by one joint loss
+    in the policy's update (``policy loss + critic.value_loss_coef x value loss``, one optimizer:
+    ``optim``). This object computes the rollout-time values and saves the head; its ``update`` only
+    measures (the policy's update trains the head). Half the memory and compute of a separate critic;
+    the price is that the value gradient shapes the policy's features."""
+
+    def __init__(self, policy, cfg: NemoAzrConfig, *, roles: Sequence[str] = (Role.SOLVER.value,)) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.roles = list(roles)
+        self.head = policy.attach_value_head(self.roles)
+
+    def setup_optimizer(self, total_steps: int) -> None:
+        """Nothing: the policy's optimizer holds the head (attached before it was built)."""
+
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        policy = self.policy
+        was_training = policy.model.training
+        policy.model.eval()
+        parts = []
+        for micro in batch.split(self.cfg.algorithm.micro_batch_size):
+            hidden, _ = policy._hidden_states(micro)
+            parts.append(policy.values_from_hidden(hidden, micro))
+        policy.model.train(was_training)
+        return torch.cat([torch.nn.functional.pad(p, (0, batch.seq_len - p.shape[1])) for p in parts]).cpu()
+
+    def update(
+        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
+    ) -> dict[str, float]:
+        require_value_targets(batch)
+        return value_batch_metrics(batch)
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(
+            {k: v.contiguous() for k, v in self.head.state_dict().items()}, str(folder / SHARED_HEAD_FILE)
+        )
+
+    def load(self, folder: Path) -> None:
+        path = folder / SHARED_HEAD_FILE
+        if not path.is_file():
+            raise CheckpointError(f"{folder.parent} has no shared-trunk value head ({CRITIC_DIR}/{SHARED_HEAD_FILE}): "
+                                  f"{NO_CRITIC_HINT}")  # fmt: skip
+        try:
+            load_model(self.head, str(path), strict=True, device=str(self.policy.device))
+        except SafetensorError as exc:
+            raise CheckpointDamagedError(
+                f"checkpoint {folder.parent}: {CRITIC_DIR}/{SHARED_HEAD_FILE} is unreadable ({str(exc).splitlines()[0]})"
+            ) from None
+        except RuntimeError as exc:
+            raise CheckpointError(
+                f"checkpoint {folder.parent}: the value head does not fit (another number of roles?): "
+                f"{str(exc).splitlines()[0]}"
+            ) from None

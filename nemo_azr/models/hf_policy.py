@@ -116,12 +116,40 @@ class HFPolicy(PPOUpdateMixin):
                 p.requires_grad_(False)
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
+        # critic.shared_trunk: a value head on this model's trunk, trained by the joint loss
+        # (attach_value_head); its roles are the critic's.
+        self.value_head: torch.nn.Linear | None = None
+        self.value_roles: list[str] = []
 
     # --- optimisation set-up ----------------------------------------------------------------------
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The model's parameters and, with a shared-trunk critic, its value head's."""
+        head = list(self.value_head.parameters()) if self.value_head is not None else []
+        return [*self.model.parameters(), *head]
+
     def setup_optimizer(self, total_steps: int) -> None:
         self.optimizer, self.scheduler = build_optimizer(
-            self.model.parameters(), self.cfg.optim, total_steps=total_steps
+            self.trainable_parameters(), self.cfg.optim, total_steps=total_steps
         )
+
+    def attach_value_head(self, roles: list[str]) -> torch.nn.Linear:
+        """A zero-initialised ``Linear(H, roles)`` on the trunk (``critic.shared_trunk``): the update
+        then adds ``critic.value_loss_coef`` x the clipped value loss to the policy loss. Call it
+        before :meth:`setup_optimizer`."""
+        weight = self.model.get_output_embeddings().weight
+        self.value_head = torch.nn.Linear(weight.shape[1], len(roles), dtype=weight.dtype, device=self.device)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+        self.value_roles = list(roles)
+        return self.value_head
+
+    def values_from_hidden(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``values[B, T]`` of the value head on ``hidden[B, T, H]``: each row's role head at the
+        position before each trained token (aligned like the log-probs), 0 elsewhere."""
+        from nemo_azr.models.critic_common import pick_role_values
+
+        per_head = torch.nn.functional.pad(self.value_head(hidden[:, :-1]).float().permute(2, 0, 1), (1, 0))
+        return pick_role_values(per_head, batch, self.value_roles) * (batch[F.LOSS_MASK].to(self.device) > 0)
 
     # --- log-probs -------------------------------------------------------------------------------
     def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,6 +164,13 @@ class HFPolicy(PPOUpdateMixin):
         With ``return_entropy`` also the (differentiable) entropy ``[B, T]`` of the same positions.
         """
         hidden, ids = self._hidden_states(batch)
+        return self._logprobs_from_hidden(
+            hidden, ids, batch, mask_key=mask_key, return_entropy=return_entropy
+        )
+
+    def _logprobs_from_hidden(
+        self, hidden: torch.Tensor, ids: torch.Tensor, batch: Batch, *, mask_key: str, return_entropy: bool
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # Token t is predicted from position t-1, so only positions before a trained token matter.
         target = batch[mask_key].to(self.device)[:, 1:] > 0
         out = linear_token_logprobs(
@@ -184,7 +219,7 @@ class HFPolicy(PPOUpdateMixin):
                 return None if x is None else x[:, 1:]
 
             # hidden[:, t] predicts ids[:, t + 1]: align everything on the predicted token.
-            return fused_linear_policy_loss(
+            loss, metrics = fused_linear_policy_loss(
                 hidden[:, :-1],
                 self.model.get_output_embeddings().weight,
                 ids[:, 1:],
@@ -199,9 +234,13 @@ class HFPolicy(PPOUpdateMixin):
                 compute_entropy=with_entropy,
                 **norms,
             )
-        out = self.token_logprobs(micro, return_entropy=with_entropy)
+            return self._add_value_loss(loss, metrics, hidden, micro, norms)
+        hidden, ids = self._hidden_states(micro)
+        out = self._logprobs_from_hidden(
+            hidden, ids, micro, mask_key=F.LOSS_MASK, return_entropy=with_entropy
+        )
         logprobs, entropy = out if with_entropy else (out, None)
-        return policy_objective(
+        loss, metrics = policy_objective(
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if old is None else old,
             advantages=advantages,
@@ -211,9 +250,31 @@ class HFPolicy(PPOUpdateMixin):
             entropy=entropy,
             **norms,
         )
+        return self._add_value_loss(loss, metrics, hidden, micro, norms)
+
+    def _add_value_loss(
+        self, loss: torch.Tensor, metrics: dict[str, float], hidden: torch.Tensor, micro: Batch, norms: dict
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Shared-trunk critic: ``loss + critic.value_loss_coef x clipped value loss`` on the same
+        hidden states (one forward, one backward for both heads); the value metrics join the actor's."""
+        if self.value_head is None:
+            return loss, metrics
+        from nemo_azr.algorithms.value_loss import clipped_value_loss
+
+        c = self.cfg.critic
+        value_loss, value_metrics = clipped_value_loss(
+            values=self.values_from_hidden(hidden, micro),
+            old_values=micro[F.VALUES].to(self.device),
+            returns=micro[F.RETURNS].to(self.device),
+            loss_mask=micro[F.LOSS_MASK].to(self.device),
+            cliprange=c.cliprange_value,
+            loss_agg_mode=c.loss_agg_mode,
+            **norms,
+        )
+        return loss + c.value_loss_coef * value_loss, {**metrics, **value_metrics}
 
     def _clip_and_step(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.trainable_parameters() if p.grad is not None]
         max_norm = self.cfg.optim.grad_clip if self.cfg.optim.grad_clip > 0 else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if math.isfinite(norm):

@@ -36,6 +36,7 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError, ConfigError, RewardError
 from nemo_azr.models.critic_common import CRITIC_DIR
+from nemo_azr.models.hf_critic import SharedTrunkCritic
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
 from nemo_azr.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -163,8 +164,8 @@ class Trainer:
 
         policy_cls = POLICY_BACKENDS.get(cfg.model.backend)
         self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
+        self.critic = self._build_critic(role_estimators)  # first: a shared-trunk head joins the optimizer
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
-        self.critic = self._build_critic(role_estimators)
         self.ref = None
         if cfg.algorithm.kl.coef > 0:  # frozen copy of the initial policy
             self.ref = policy_cls(self.model_path, cfg, trainable=False, device=self.device)
@@ -194,6 +195,8 @@ class Trainer:
         roles = (
             list(role_estimators) if role_estimators and cfg.critic.per_role_values else [Role.SOLVER.value]
         )
+        if cfg.critic.shared_trunk:  # the value head on the policy's trunk, trained by the joint loss
+            return SharedTrunkCritic(self.policy, cfg, roles=roles)
         path = (
             resolve_model_path(cfg.critic.model_path, cfg.model.tiny)
             if cfg.critic.model_path

@@ -70,6 +70,14 @@ from tests.cli_errors import cli_error
         (["algorithm=remax", "algorithm.dynamic_sampling=true"], "dynamic_sampling with estimator=remax"),
         (["algorithm.max_sampling_rounds=0"], "algorithm.max_sampling_rounds must be >= 1"),
         (["algorithm.estimator=trr_plus_plus"], "trr_plus_plus normalises per task type x role"),
+        (
+            ["algorithm=ppo", "critic.shared_trunk=true", "critic.warmup_steps=2"],
+            "critic.warmup_steps trains the critic alone",
+        ),
+        (
+            ["model=megatron", "critic.shared_trunk=true"],
+            "critic.shared_trunk=true puts the value head on the hf policy",
+        ),
     ],
 )
 def test_bad_configs_fail_with_one_line(capsys, overrides, expected):
