@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_model, save_file
+from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForTokenClassification
 from transformers.utils import logging as hf_logging
 
@@ -29,7 +28,7 @@ from nemo_azr.algorithms.value_loss import clipped_value_loss
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
-from nemo_azr.errors import CheckpointDamagedError, CheckpointError
+from nemo_azr.errors import CheckpointError
 from nemo_azr.models.critic_common import (
     CRITIC_DIR,
     NO_CRITIC_HINT,
@@ -38,6 +37,7 @@ from nemo_azr.models.critic_common import (
     require_value_targets,
     value_batch_metrics,
 )
+from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.hf_policy import decoder_hidden_states
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
@@ -138,10 +138,7 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
         """``folder`` (a checkpoint's ``critic/``): the HF token-classification model + optimizer."""
         self.model.save_pretrained(folder)
         if self.optimizer is not None:
-            torch.save(
-                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                folder / "optimizer.pt",
-            )
+            save_training_state(self.optimizer, self.scheduler, folder / "optimizer.pt")
 
     def load(self, folder: Path) -> None:
         weights = folder / "model.safetensors"
@@ -149,29 +146,16 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
             raise CheckpointError(
                 f"{folder.parent} has no critic ({CRITIC_DIR}/model.safetensors): {NO_CRITIC_HINT}"
             )
-        try:
-            load_model(self.model, str(weights), strict=True, device=str(self.device))
-        except SafetensorError as exc:
-            raise CheckpointDamagedError(
-                f"checkpoint {folder.parent}: {CRITIC_DIR}/model.safetensors is unreadable "
-                f"({str(exc).splitlines()[0]})"
-            ) from None
-        except RuntimeError as exc:
-            raise CheckpointError(
-                f"checkpoint {folder.parent}: the critic does not fit this one (another model, or another "
-                f"number of value heads?): {str(exc).splitlines()[0]}"
-            ) from None
+        load_weights(
+            self.model,
+            weights,
+            device=self.device,
+            where=f"checkpoint {folder.parent}: {CRITIC_DIR}/model.safetensors",
+            misfit="does not fit this critic (another model, or another number of value heads?)",
+        )
         if self.optimizer is not None:
-            try:
-                state = torch.load(folder / "optimizer.pt", weights_only=False)
-                optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
-            except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a damaged file
-                raise CheckpointDamagedError(
-                    f"checkpoint {folder.parent}: {CRITIC_DIR}/optimizer.pt is unreadable "
-                    f"({type(exc).__name__}: {(str(exc).splitlines() or [''])[0]})"
-                ) from None
-            self.optimizer.load_state_dict(optimizer_state)
-            self.scheduler.load_state_dict(scheduler_state)
+            where = f"checkpoint {folder.parent}: {CRITIC_DIR}/optimizer.pt"
+            load_training_state(self.optimizer, self.scheduler, folder / "optimizer.pt", where=where)
 
 
 class SharedTrunkCritic(ValueModelMixin):
@@ -218,16 +202,13 @@ class SharedTrunkCritic(ValueModelMixin):
     def load(self, folder: Path) -> None:
         path = folder / SHARED_HEAD_FILE
         if not path.is_file():
-            raise CheckpointError(f"{folder.parent} has no shared-trunk value head ({CRITIC_DIR}/{SHARED_HEAD_FILE}): "
-                                  f"{NO_CRITIC_HINT}")  # fmt: skip
-        try:
-            load_model(self.head, str(path), strict=True, device=str(self.policy.device))
-        except SafetensorError as exc:
-            raise CheckpointDamagedError(
-                f"checkpoint {folder.parent}: {CRITIC_DIR}/{SHARED_HEAD_FILE} is unreadable ({str(exc).splitlines()[0]})"
-            ) from None
-        except RuntimeError as exc:
             raise CheckpointError(
-                f"checkpoint {folder.parent}: the value head does not fit (another number of roles?): "
-                f"{str(exc).splitlines()[0]}"
-            ) from None
+                f"{folder.parent} has no shared-trunk value head ({CRITIC_DIR}/{SHARED_HEAD_FILE}): {NO_CRITIC_HINT}"
+            )
+        load_weights(
+            self.head,
+            path,
+            device=self.policy.device,
+            where=f"checkpoint {folder.parent}: {CRITIC_DIR}/{SHARED_HEAD_FILE}",
+            misfit="does not fit this value head (another number of roles?)",
+        )

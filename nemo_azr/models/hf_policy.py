@@ -14,8 +14,6 @@ import math
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_model
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
@@ -23,8 +21,9 @@ from nemo_azr.algorithms.objective import policy_objective
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.errors import BatchContractError, CheckpointDamagedError, CheckpointError, ConfigError
+from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
+from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import POLICY_BACKENDS
@@ -308,33 +307,23 @@ class HFPolicy(PPOUpdateMixin):
         if tokenizer is not None:
             tokenizer.save_pretrained(folder / "model")
         if self.optimizer is not None:
-            torch.save(
-                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                folder / "optimizer.pt",
-            )
+            save_training_state(self.optimizer, self.scheduler, folder / "optimizer.pt")
 
     def load(self, folder: Path) -> None:
         weights = folder / "model" / "model.safetensors"
         if not weights.is_file():
             raise CheckpointError(f"{folder} has no model/model.safetensors")
-        try:
-            load_model(self.model, str(weights), strict=True, device=str(self.device))
-        except SafetensorError as exc:
-            raise CheckpointDamagedError(
-                f"checkpoint {folder}: model/model.safetensors is unreadable ({str(exc).splitlines()[0]})"
-            ) from None
-        except RuntimeError as exc:
-            raise CheckpointError(
-                f"checkpoint {folder} does not fit this model (another model shape?): {str(exc).splitlines()[0]}"
-            ) from None
+        load_weights(
+            self.model,
+            weights,
+            device=self.device,
+            where=f"checkpoint {folder}: model/model.safetensors",
+            misfit="does not fit this model (another model shape?)",
+        )
         if self.optimizer is not None:
-            try:
-                state = torch.load(folder / "optimizer.pt", weights_only=False)
-                optimizer_state, scheduler_state = state["optimizer"], state["scheduler"]
-            except Exception as exc:  # noqa: BLE001 - torch.load raises many types for a damaged file
-                raise CheckpointDamagedError(
-                    f"checkpoint {folder}: optimizer.pt is unreadable ({type(exc).__name__}: "
-                    f"{(str(exc).splitlines() or [''])[0]})"
-                ) from None
-            self.optimizer.load_state_dict(optimizer_state)
-            self.scheduler.load_state_dict(scheduler_state)
+            load_training_state(
+                self.optimizer,
+                self.scheduler,
+                folder / "optimizer.pt",
+                where=f"checkpoint {folder}: optimizer.pt",
+            )

@@ -363,6 +363,29 @@ def _forward_pipelined(
     return picked[0] if head is None else picked
 
 
+def _compact_input(
+    model: torch.nn.Module | list[torch.nn.Module],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None,
+) -> tuple[list[torch.nn.Module], torch.nn.Module, CompactBatch]:
+    """(the chunks, the first unwrapped stage, the compacted rows on its device, padded for
+    sequence parallelism)."""
+    from megatron.core import parallel_state as ps
+
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    first = _unwrap(chunks[0])
+    device = next(first.parameters()).device
+    batch = compact_rows(
+        input_ids.to(device),
+        attention_mask.to(device),
+        None if position_ids is None else position_ids.to(device),
+    )
+    if first.config.sequence_parallel:
+        batch = pad_columns(batch, ps.get_tensor_model_parallel_world_size())
+    return chunks, first, batch
+
+
 def megatron_token_logprobs(
     model: torch.nn.Module | list[torch.nn.Module],
     input_ids: torch.Tensor,
@@ -385,16 +408,7 @@ def megatron_token_logprobs(
     """
     from megatron.core import parallel_state as ps
 
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    first = _unwrap(chunks[0])
-    device = next(first.parameters()).device
-    batch = compact_rows(
-        input_ids.to(device),
-        attention_mask.to(device),
-        None if position_ids is None else position_ids.to(device),
-    )
-    if first.config.sequence_parallel:
-        batch = pad_columns(batch, ps.get_tensor_model_parallel_world_size())
+    chunks, first, batch = _compact_input(model, input_ids, attention_mask, position_ids)
     width = input_ids.shape[1]
     if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
         values = _forward_stage_local(first, batch, temperature, chunk_size, backend, return_entropy)
@@ -404,7 +418,7 @@ def megatron_token_logprobs(
         raise ValueError("megatron_token_logprobs: return_entropy needs one pipeline stage")
     else:
         mbs = micro_batch_size or input_ids.shape[0]
-        values = _forward_pipelined(list(chunks), batch, temperature, chunk_size, backend, mbs)
+        values = _forward_pipelined(chunks, batch, temperature, chunk_size, backend, mbs)
     return batch.restore(values)[:, :width]
 
 
@@ -423,22 +437,13 @@ def megatron_token_values(
     parallelism; with it a no-grad forward whose result every stage receives."""
     from megatron.core import parallel_state as ps
 
-    chunks = model if isinstance(model, (list, tuple)) else [model]
-    first = _unwrap(chunks[0])
-    device = next(first.parameters()).device
-    batch = compact_rows(
-        input_ids.to(device),
-        attention_mask.to(device),
-        None if position_ids is None else position_ids.to(device),
-    )
-    if first.config.sequence_parallel:
-        batch = pad_columns(batch, ps.get_tensor_model_parallel_world_size())
+    chunks, first, batch = _compact_input(model, input_ids, attention_mask, position_ids)
     width = input_ids.shape[1]
     if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
         values = _forward_stage_local(first, batch, 1.0, 1, "torch", head=value_head_outputs)
     else:
         mbs = micro_batch_size or input_ids.shape[0]
         values = _forward_pipelined(
-            list(chunks), batch, 1.0, 1, "torch", mbs, head=value_head_outputs, width=num_heads
+            chunks, batch, 1.0, 1, "torch", mbs, head=value_head_outputs, width=num_heads
         )
     return torch.stack([batch.restore(v)[:, :width] for v in values.reshape(num_heads, -1)])
