@@ -38,8 +38,11 @@ JOBS = {
     # Four optimizer steps per batch: the later ones are off-policy, where the losses differ (at one
     # on-policy step every ratio is 1 and ppo_clip, cispo and dapo's clip-higher give the same gradient).
     "default_minibatch": {"overrides": ["algorithm.mini_batch_size=16"], "eval": False, "window": 10},
-    "smollm2": {"overrides": ["experiment=arithmetic_grpo_smollm2", "logger.console_samples=false"], "eval": True,
-                "window": 5},  # fmt: skip
+    "smollm2": {
+        "overrides": ["experiment=arithmetic_grpo_smollm2", "logger.console_samples=false"],
+        "eval": True,
+        "window": 5,
+    },  # fmt: skip
 }
 #: Extra settings per algorithm for the real model (the presets are tuned for the tiny model's LR scale).
 REAL_MODEL_EXTRA = {"ppo": ["critic.optim.lr=1e-5", "critic.optim.warmup_steps=5"]}
@@ -90,6 +93,9 @@ def write_report(job: str, results: dict, meta: dict) -> None:
         f"`{' '.join(spec['overrides']) or 'the default job'}`).",
         "",
     ]
+    if "kept_from" in meta:
+        lines += [f"Resumed with `--keep`: the untrained model's accuracy and the algorithms not rerun come from the "
+                  f"run of {meta['kept_from']} on the same machine type.", ""]  # fmt: skip
     if "before" in meta:
         lines += [f"Greedy held-out accuracy of the untrained model: {meta['before']['accuracy']:.3f} "
                   f"({meta['before']['num_prompts']} problems).", ""]  # fmt: skip
@@ -133,18 +139,30 @@ def main() -> None:
     parser.add_argument("--job", choices=sorted(JOBS), default="default")
     parser.add_argument("--algorithms", nargs="+", default=["grpo", "ppo", "dapo", "cispo"])
     parser.add_argument("--output-root", default="outputs/algorithms")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the committed results of algorithms not rerun (resume a long benchmark)",
+    )
     args = parser.parse_args()
     root = Path(args.output_root) / args.job
     root.mkdir(parents=True, exist_ok=True)
     meta = {"cpu": cpu_model(), "cores": __import__("os").cpu_count(), "mem_gib": mem_total_gib(),
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
-    if JOBS[args.job]["eval"]:
+    results = {}
+    previous = RESULTS_DIR / f"algorithms_{args.job}.json"
+    if args.keep and previous.exists():
+        kept = json.loads(previous.read_text())
+        results = {n: r for n, r in kept["results"].items() if n not in args.algorithms}
+        meta["kept_from"] = kept["meta"].get("kept_from") or kept["meta"]["date"]
+        if "before" in kept["meta"]:
+            meta["before"] = kept["meta"]["before"]
+    if JOBS[args.job]["eval"] and "before" not in meta:
         out = root / "before"
         out.mkdir(exist_ok=True)
         run([*nemo_azr(), "eval", *JOBS[args.job]["overrides"], f"trainer.output_dir={out}", "eval.checkpoint=model",
              f"eval.output_dir={out}/eval"], out / "eval.log")  # fmt: skip
         meta["before"] = eval_summary(out / "eval")
-    results = {}
     for name in args.algorithms:
         results[name] = run_algorithm(args.job, name, root)
         write_report(args.job, results, meta)  # after each run: a long benchmark keeps what it has

@@ -39,6 +39,9 @@ class ModelConfig:
     kernel_backend: str = "auto"  # log-prob/loss kernels: auto | triton | torch (auto: triton on CUDA)
     fused_policy_loss: bool = True  # PPO loss fused with the LM head (one pass); false: policy_objective
     gradient_checkpointing: bool = False
+    # hf: run each training micro-batch's real tokens as one packed sequence (no compute on padding;
+    # attention never crosses rows). Same log-probs / losses to fp32 tolerance (docs/throughput.md).
+    sequence_packing: bool = False
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 
@@ -144,6 +147,9 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole batch
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation inside)
+    # hf: > 0 forms micro-batches by a token budget instead of micro_batch_size rows (rows x width
+    # padded, real tokens packed); exact gradient accumulation either way (docs/throughput.md).
+    max_tokens_per_microbatch: int = 0
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
     reuse_update_logprobs: bool = True  # single on-policy step: old log-probs = the update's own (detached)
     shuffle_mini_batches: bool = True

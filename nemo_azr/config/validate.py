@@ -183,6 +183,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _validate_optim("optim", opt)
     _validate_critic(cfg, rows, rows_desc)
     _validate_dapo(cfg)
+    _validate_throughput(cfg, megatron)
 
     _require(tr.max_steps >= 0, f"trainer.max_steps must be >= 0, got {tr.max_steps}")
     _require(tr.save_interval >= 0 and tr.keep_last >= 0, "trainer.save_interval/keep_last must be >= 0")
@@ -261,6 +262,24 @@ def _validate_critic(cfg: NemoAzrConfig, rows: int, rows_desc: str) -> None:
         _require(c.value_loss_coef > 0, f"critic.value_loss_coef must be > 0, got {c.value_loss_coef}")
     alg = cfg.algorithm
     _require(0 <= alg.gae_lambda <= 1, f"algorithm.gae_lambda must be in [0, 1], got {alg.gae_lambda}")
+
+
+def _validate_throughput(cfg: NemoAzrConfig, megatron: bool) -> None:
+    """Packing, token-budget micro-batches (docs/throughput.md)."""
+    alg = cfg.algorithm
+    _require(
+        alg.max_tokens_per_microbatch >= 0,
+        f"algorithm.max_tokens_per_microbatch must be >= 0 (0: micro_batch_size rows), got {alg.max_tokens_per_microbatch}",
+    )
+    for key, on in (
+        ("model.sequence_packing=true", cfg.model.sequence_packing),
+        ("algorithm.max_tokens_per_microbatch > 0", alg.max_tokens_per_microbatch > 0),
+    ):
+        _require(
+            not (on and megatron),
+            f"{key} is for model.backend=hf; megatron micro-batches with its own schedule "
+            "(parallel.micro_batch_size)",
+        )
 
 
 def _validate_dapo(cfg: NemoAzrConfig) -> None:

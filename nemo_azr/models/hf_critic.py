@@ -39,6 +39,7 @@ from nemo_azr.models.critic_common import (
 )
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.hf_policy import decoder_hidden_states
+from nemo_azr.models.microbatch import gather_micro_outputs
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
@@ -98,7 +99,9 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
     def token_values(self, batch: Batch) -> torch.Tensor:
         """``values[B, T]`` (float32, differentiable): each row's head at the position before each
         trained token; 0 where ``loss_mask`` is 0."""
-        hidden, _ = decoder_hidden_states(self.model, batch, self.device, self.autocast_dtype)
+        hidden, _ = decoder_hidden_states(
+            self.model, batch, self.device, self.autocast_dtype, packed=self.cfg.model.sequence_packing
+        )
         heads = self.model.score(hidden[:, :-1]).float()  # [B, T-1, roles]
         per_head = torch.nn.functional.pad(heads.permute(2, 0, 1), (1, 0))  # [roles, B, T]
         return pick_role_values(per_head, batch, self.roles) * (batch[F.LOSS_MASK].to(self.device) > 0)
@@ -181,11 +184,11 @@ class SharedTrunkCritic(ValueModelMixin):
         was_training = policy.model.training
         policy.model.eval()
         parts = []
-        for micro in batch.split(self.cfg.algorithm.micro_batch_size):
-            hidden, _ = policy._hidden_states(micro)
-            parts.append(policy.values_from_hidden(hidden, micro))
+        for micro in policy.micro_batches(batch):
+            hidden, _ = policy._hidden_states(micro.batch)
+            parts.append((micro, policy.values_from_hidden(hidden, micro.batch)))
         policy.model.train(was_training)
-        return torch.cat([torch.nn.functional.pad(p, (0, batch.seq_len - p.shape[1])) for p in parts]).cpu()
+        return gather_micro_outputs(parts, len(batch), batch.seq_len)
 
     def update(
         self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None

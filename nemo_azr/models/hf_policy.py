@@ -25,8 +25,10 @@ from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.optim import build_optimizer
+from nemo_azr.models.packing import packed_decoder_forward
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import POLICY_BACKENDS
+from nemo_azr.rollout.assemble import position_ids_from_mask
 
 hf_logging.disable_progress_bar()
 
@@ -56,25 +58,35 @@ def _check_supported(model: torch.nn.Module) -> None:
 
 
 def decoder_hidden_states(
-    model: torch.nn.Module, batch: Batch, device: torch.device, autocast_dtype: torch.dtype | None
+    model: torch.nn.Module,
+    batch: Batch,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    *,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The last hidden states ``[B, T, H]`` of ``model``'s decoder (its trunk, no head) and
-    ``input_ids[B, T]``, on ``device``; positions count each row's real tokens from 0."""
+    ``input_ids[B, T]``, on ``device``; positions count each row's real tokens from 0. ``packed``:
+    only the real tokens run, as one packed sequence (``model.sequence_packing``, models/packing.py)."""
     ids = batch[F.INPUT_IDS].to(device)
     attn = batch[F.ATTENTION_MASK].to(device)
     pos = batch.get(F.POSITION_IDS)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0) if pos is None else pos.to(device)
+    pos = position_ids_from_mask(attn) if pos is None else pos.to(device)
     decoder = getattr(model, model.base_model_prefix)
-    if autocast_dtype is None:
+
+    def run() -> torch.Tensor:
+        if packed:
+            return packed_decoder_forward(decoder, ids, attn, pos)
         return decoder(
             input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
-        ).last_hidden_state, ids
+        ).last_hidden_state
+
+    if autocast_dtype is None:
+        return run(), ids
     # Mixed precision: the decoder's matmuls in autocast_dtype, weights (and their gradients) in
     # model.dtype; the head (LM head + log-softmax, or a value head) runs on the hidden states cast back.
     with torch.autocast(device.type, dtype=autocast_dtype):
-        hidden = decoder(
-            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
-        ).last_hidden_state
+        hidden = run()
     return hidden.to(model.dtype), ids
 
 
@@ -153,7 +165,9 @@ class HFPolicy(PPOUpdateMixin):
     # --- log-probs -------------------------------------------------------------------------------
     def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's last hidden states ``[B, T, H]`` and ``input_ids[B, T]`` on the device."""
-        return decoder_hidden_states(self.model, batch, self.device, self.autocast_dtype)
+        return decoder_hidden_states(
+            self.model, batch, self.device, self.autocast_dtype, packed=self.cfg.model.sequence_packing
+        )
 
     def token_logprobs(
         self, batch: Batch, *, mask_key: str = F.LOSS_MASK, return_entropy: bool = False

@@ -16,6 +16,7 @@ import torch
 
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.models.microbatch import MicroBatch, gather_micro_outputs, micro_batches
 
 #: Metrics that are already divided by the global normalisers, so micro-batch values add up.
 SUMMED_METRICS = (
@@ -57,21 +58,30 @@ class PPOUpdateMixin:
     def micro_batch_rows(self) -> int:
         return self.cfg.algorithm.micro_batch_size
 
+    def micro_batches(self, batch: Batch) -> list[MicroBatch]:
+        """``batch`` in forward/backward pieces: ``micro_batch_rows()`` rows each, or by the token
+        budget ``algorithm.max_tokens_per_microbatch`` (models/microbatch.py)."""
+        return micro_batches(
+            batch,
+            rows=self.micro_batch_rows(),
+            max_tokens=self.cfg.algorithm.max_tokens_per_microbatch,
+            packed=self.cfg.model.sequence_packing,
+        )
+
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
         was_training = self.model.training
         self.model.eval()
-        parts = [self.token_logprobs(mb) for mb in batch.split(self.micro_batch_rows())]
+        parts = [(micro, self.token_logprobs(micro.batch)) for micro in self.micro_batches(batch)]
         self.model.train(was_training)
-        width = batch.seq_len
-        return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts]).cpu()
+        return gather_micro_outputs(parts, len(batch), batch.seq_len)
 
     def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
         """Backward of one mini-batch in micro-batches; its metrics (token-weighted means, or sums of
         the already-normalised losses). Backends with pipeline/data parallelism override it."""
         step_metrics: dict[str, float] = defaultdict(float)
-        for micro in mb.split(self.micro_batch_rows()):
+        for micro in (m.batch for m in self.micro_batches(mb)):
             loss, m = self.micro_objective(
                 micro, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
             )
