@@ -117,6 +117,10 @@ class GenerationConfig:
 @dataclass
 class RolloutConfig:
     workflow: str = "single_turn"  # rollout workflow (registry WORKFLOWS)
+    # Generation in a background thread, ahead of training (hf backends; docs/throughput.md). Off:
+    # synchronous on-policy steps.
+    async_rollout: bool = False
+    max_policy_lag: int = 1  # async: a batch is trained at most this many policy versions after its rollout
 
 
 @dataclass
@@ -151,6 +155,11 @@ class AlgorithmConfig:
     # padded, real tokens packed); exact gradient accumulation either way (docs/throughput.md).
     max_tokens_per_microbatch: int = 0
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
+    # Reweight the policy-gradient loss by pi_old / pi_rollout (the generation engine's log-probs):
+    # none | tis (truncated at is_cap) | mis (0 above is_cap); per token or per sequence (docs/throughput.md).
+    off_policy_correction: str = "none"
+    is_cap: float = 2.0
+    is_level: str = "token"
     reuse_update_logprobs: bool = True  # single on-policy step: old log-probs = the update's own (detached)
     shuffle_mini_batches: bool = True
     # DAPO (docs/algorithms.md): dynamic sampling re-rolls prompts until data.prompts_per_step groups

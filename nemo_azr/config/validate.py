@@ -184,6 +184,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _validate_critic(cfg, rows, rows_desc)
     _validate_dapo(cfg)
     _validate_throughput(cfg, megatron)
+    _validate_off_policy(cfg, megatron)
 
     _require(tr.max_steps >= 0, f"trainer.max_steps must be >= 0, got {tr.max_steps}")
     _require(tr.save_interval >= 0 and tr.keep_last >= 0, "trainer.save_interval/keep_last must be >= 0")
@@ -280,6 +281,37 @@ def _validate_throughput(cfg: NemoAzrConfig, megatron: bool) -> None:
             f"{key} is for model.backend=hf; megatron micro-batches with its own schedule "
             "(parallel.micro_batch_size)",
         )
+
+
+def _validate_off_policy(cfg: NemoAzrConfig, megatron: bool) -> None:
+    """Off-policy correction and asynchronous rollout (docs/throughput.md)."""
+    from nemo_azr.algorithms.off_policy import IS_LEVELS, OFF_POLICY_CORRECTIONS
+
+    alg, ro = cfg.algorithm, cfg.rollout
+    _one_of("algorithm.off_policy_correction", alg.off_policy_correction, OFF_POLICY_CORRECTIONS)
+    _one_of("algorithm.is_level", alg.is_level, IS_LEVELS)
+    _require(
+        math.isfinite(alg.is_cap) and alg.is_cap >= 1.0,
+        f"algorithm.is_cap must be a finite number >= 1 (an on-policy token has weight 1), got {alg.is_cap}",
+    )
+    _require(
+        not (alg.use_rollout_logprobs and alg.off_policy_correction != "none"),
+        "algorithm.off_policy_correction weighs pi_old / pi_rollout, which is 1 when "
+        "algorithm.use_rollout_logprobs=true makes pi_old the rollout's: use one of them",
+    )
+    _require(ro.max_policy_lag >= 0, f"rollout.max_policy_lag must be >= 0, got {ro.max_policy_lag}")
+    if not ro.async_rollout:
+        return
+    _require(
+        not megatron and cfg.generation.backend == "hf",
+        "rollout.async_rollout=true needs model.backend=hf and generation.backend=hf (a generation "
+        "backend with its own copy of the weights, loaded between rollouts)",
+    )
+    _require(
+        ro.workflow != "azr",
+        "rollout.async_rollout=true is not available for self-play (rollout.workflow=azr): its task "
+        "buffers are updated by the training steps the rollout would run ahead of",
+    )
 
 
 def _validate_dapo(cfg: NemoAzrConfig) -> None:

@@ -28,13 +28,20 @@ from nemo_azr.algorithms.dapo import (
     retag_round,
 )
 from nemo_azr.algorithms.objective import apply_kl_reward_penalty
+from nemo_azr.algorithms.off_policy import rollout_is_weights
 from nemo_azr.algorithms.per_role import role_split_estimator
 from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
-from nemo_azr.errors import CheckpointDamagedError, CheckpointError, ConfigError, RewardError
+from nemo_azr.errors import (
+    BatchContractError,
+    CheckpointDamagedError,
+    CheckpointError,
+    ConfigError,
+    RewardError,
+)
 from nemo_azr.models.critic_common import CRITIC_DIR
 from nemo_azr.models.hf_critic import SharedTrunkCritic
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
@@ -50,6 +57,7 @@ from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
+from nemo_azr.trainer.async_rollout import AsyncRollout, Rollout
 from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.metrics import MetricsLogger
@@ -111,6 +119,8 @@ class _NullLogger:
 
 class Trainer:
     _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
+    async_rollout: AsyncRollout | None = None  # rollout.async_rollout: the producer thread, while fit runs
+    _loader_trained: dict | None = None  # with it: the data position after the last trained batch
 
     def __init__(self, cfg: NemoAzrConfig, *, preemption: PreemptionFlag | None = None) -> None:
         """Build the task, tokenizer and models. A preemption signal (SIGTERM/SIGUSR1) during the
@@ -234,7 +244,9 @@ class Trainer:
             if multi:
                 dist.broadcast_object_list([str(tmp)], src=0)
             torch.save(rng_state(), tmp / "rng.pt")
-            self.state.loader = self.loader.state_dict()
+            # The data position of the next batch to train on (an asynchronous producer has drawn more).
+            async_position = self._loader_trained if self.async_rollout is not None else None
+            self.state.loader = async_position or self.loader.state_dict()
             (tmp / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
             (tmp / "config.yaml").write_text(to_yaml(self.cfg))
             if self._warmup is not None:  # stopped part-way by a signal: resumable
@@ -311,22 +323,61 @@ class Trainer:
 
     # --- one step --------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
+        """One step: a rolled-out, scored batch (produced here, or taken from the asynchronous
+        producer, ``rollout.async_rollout``), then log-probs, advantages, update and weight sync."""
+        self.last_samples = []
+        t_start = time.perf_counter()
+        if self.async_rollout is None:
+            seed_everything(step_seed(self.cfg.seed, step))
+            rollout = self.produce_rollout(step)
+            wait_s = None
+        else:
+            t_wait = time.perf_counter()
+            rollout = self.async_rollout.take(step, self.state.policy_version)
+            wait_s = time.perf_counter() - t_wait
+        try:
+            metrics = self._train_on(step, rollout)
+        finally:
+            if self.async_rollout is not None:
+                self.async_rollout.step_done(step)
+        if "timing/step_s" in metrics:  # the trainer's wall time (a rollout ahead of it overlaps)
+            metrics["timing/step_s"] = time.perf_counter() - t_start
+        if wait_s is not None:
+            metrics["async/wait_s"] = wait_s
+            metrics.update(rollout.lag_metrics)
+        return metrics
+
+    def produce_rollout(self, step: int) -> Rollout:
+        """Rollout -> reward -> (DAPO sampling, overlong shaping, ReMax baseline): the part of a step
+        that only needs the generation backend and the data (the asynchronous producer runs it)."""
         cfg, alg = self.cfg, self.cfg.algorithm
-        seed_everything(step_seed(cfg.seed, step))
         metrics: dict[str, float] = {}
         t_start = time.perf_counter()
-        self.last_samples = []
+
+        def done(batch: Batch | None, skip: tuple[str, str] | None = None, *, t_rollout: float) -> Rollout:
+            return Rollout(
+                step=step,
+                batch=batch,
+                metrics=metrics,
+                skip=skip,
+                rollout_s=t_rollout - t_start,
+                reward_s=time.perf_counter() - t_rollout,
+                loader_after=self.loader.state_dict(),
+                policy_version=self.backend.version,
+            )
 
         examples = self.loader.next_batch()
         batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
         metrics.update(batch.info.get("metrics", {}))
         if len(batch) == 0:  # e.g. self-play where no group produced a trainable row
-            return self._skip(
-                step,
-                metrics,
-                "the rollout produced no trainable rows",
-                "self-play: no question group reached the learnability band; widen the "
-                "absolute_zero.learnability_* bands or raise max_repropose_attempts",
+            return done(
+                None,
+                (
+                    "the rollout produced no trainable rows",
+                    "self-play: no question group reached the learnability band; widen the "
+                    "absolute_zero.learnability_* bands or raise max_repropose_attempts",
+                ),
+                t_rollout=time.perf_counter(),
             )
         validate_batch(batch, "rollout")
         t_rollout = time.perf_counter()
@@ -341,18 +392,20 @@ class Trainer:
         metrics.update(reward_metrics)
         if batch is None:
             why = "every reward was NaN/inf" + (" or raised" if reward_errors else "")
-            return self._skip(step, metrics, why)
+            return done(None, (why, "check the reward function"), t_rollout=t_rollout)
         validate_batch(batch, "reward")
         if alg.dynamic_sampling:  # DAPO: keep only groups whose rewards differ, draw more prompts
             batch, sampling_metrics = self._dynamic_sampling(batch, step)
             metrics.update(sampling_metrics)
             if batch is None:
-                return self._skip(
-                    step,
-                    metrics,
-                    f"dynamic sampling found no group with differing rewards in "
-                    f"{alg.max_sampling_rounds} rounds",
-                    "raise algorithm.max_sampling_rounds, or the task is too easy / too hard for the model",
+                return done(
+                    None,
+                    (
+                        f"dynamic sampling found no group with differing rewards in "
+                        f"{alg.max_sampling_rounds} rounds",
+                        "raise algorithm.max_sampling_rounds, or the task is too easy / too hard for the model",
+                    ),
+                    t_rollout=t_rollout,
                 )
         max_len = batch.info.get("max_new_tokens") or cfg.generation.max_new_tokens
         metrics.update(apply_overlong_penalty(batch, alg, max_len=max_len))
@@ -360,6 +413,16 @@ class Trainer:
             batch[F.BASELINE_REWARDS] = self._greedy_baseline(batch, examples, step)
         if hasattr(self.backend, "release"):  # rollout done: an engine frees its GPU memory (trtllm sleeps)
             self.backend.release()
+        return done(batch, t_rollout=t_rollout)
+
+    def _train_on(self, step: int, rollout: Rollout) -> dict[str, float]:
+        """Log-probs -> values -> advantages -> critic and policy updates -> weight sync, on ``rollout``."""
+        cfg, alg = self.cfg, self.cfg.algorithm
+        metrics = dict(rollout.metrics)
+        self._loader_trained = rollout.loader_after
+        if rollout.skip is not None:
+            return self._skip(step, metrics, *rollout.skip)
+        batch = rollout.batch
         t_reward = time.perf_counter()
 
         if alg.use_rollout_logprobs:
@@ -380,6 +443,9 @@ class Trainer:
         t_values = time.perf_counter()
 
         advantages, returns = self.estimator(batch, alg)
+        if alg.off_policy_correction != "none":  # pi_old / pi_rollout on the policy-gradient term
+            advantages, is_metrics = self._off_policy_weighted(batch, advantages)
+            metrics.update(is_metrics)
         batch[F.ADVANTAGES] = advantages
         if returns is not None:
             batch[F.RETURNS] = returns
@@ -404,18 +470,22 @@ class Trainer:
             metrics.update(update_metrics)
         t_update = time.perf_counter()
 
-        self.backend.sync_weights(self.policy)
+        if self.async_rollout is None:
+            self.backend.sync_weights(self.policy)
+            self.state.policy_version = self.backend.version
+        else:  # the producer loads them before its next rollout
+            self.state.policy_version += 1
+            self.async_rollout.push_weights(self.policy, self.state.policy_version)
         t_refit = time.perf_counter()
         metrics.update(getattr(self.backend, "refit_metrics", {}))  # trtllm: refit time, probe gap
-        self.state.policy_version = self.backend.version
         self.state.samples_seen += len(batch)
         self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
         self.state.consecutive_skips = 0
         metrics.update(self._batch_metrics(batch))
         metrics.update(
             {
-                "timing/rollout_s": t_rollout - t_start,
-                "timing/reward_s": t_reward - t_rollout,
+                "timing/rollout_s": rollout.rollout_s,
+                "timing/reward_s": rollout.reward_s,
                 "timing/logprob_s": t_logprob - t_reward,
                 "timing/update_s": t_update - t_critic,
                 "timing/refit_s": t_refit - t_update,
@@ -424,8 +494,8 @@ class Trainer:
                     if self.critic is not None
                     else {}
                 ),
-                "timing/step_s": time.perf_counter() - t_start,
-                "throughput/response_tokens_per_s": metrics["batch/tokens"] / (t_rollout - t_start),
+                "timing/step_s": 0.0,  # set by train_step
+                "throughput/response_tokens_per_s": metrics["batch/tokens"] / max(rollout.rollout_s, 1e-9),
                 "system/peak_rss_gb": peak_rss_gb(),
                 "trainer/policy_version": float(self.state.policy_version),
                 "trainer/samples_seen": float(self.state.samples_seen),
@@ -477,12 +547,34 @@ class Trainer:
             flush=True,
         )
 
+    def _off_policy_weighted(
+        self, batch: Batch, advantages: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The advantages times the rollout importance weights (algorithms/off_policy.py)."""
+        alg = self.cfg.algorithm
+        if F.ROLLOUT_LOGPROBS not in batch.tensors:
+            raise BatchContractError(
+                f"algorithm.off_policy_correction={alg.off_policy_correction} needs the rollout's log-probs, "
+                f"and the {self.cfg.rollout.workflow!r} workflow's batch has no {F.ROLLOUT_LOGPROBS!r}"
+            )
+        weights, metrics = rollout_is_weights(
+            batch[F.OLD_LOGPROBS],
+            batch[F.ROLLOUT_LOGPROBS],
+            batch[F.LOSS_MASK],
+            mode=alg.off_policy_correction,
+            cap=alg.is_cap,
+            level=alg.is_level,
+        )
+        return advantages * weights.to(advantages.device), metrics
+
     def _old_logprobs_from_update(self, rows: int) -> bool:
         """True when the update is one on-policy optimizer step over the whole batch: the old
         log-probs then equal the current ones, so the separate no-grad forward pass is skipped."""
         alg = self.cfg.algorithm
         single_step = alg.ppo_epochs == 1 and alg.mini_batch_size in (0, rows)
         needs_old_before_update = self.ref is not None and alg.kl.mode == "reward"
+        # Off-policy correction weighs by pi_old / pi_rollout: it needs pi_old before the update.
+        needs_old_before_update |= alg.off_policy_correction != "none"
         return alg.reuse_update_logprobs and single_step and not needs_old_before_update
 
     def _skip(
@@ -679,6 +771,16 @@ class Trainer:
         # trainer.max_steps_per_run: a SLURM chain link (or a requeued job) trains a slice, then exits 75.
         per_run = cfg.trainer.max_steps_per_run
         run_end = min(cfg.trainer.max_steps, self.state.step + per_run) if per_run else cfg.trainer.max_steps
+        if cfg.rollout.async_rollout and self.state.step < run_end:
+            self._loader_trained = self.loader.state_dict()
+            self.async_rollout = AsyncRollout(
+                self.produce_rollout,
+                self.backend,
+                start_step=self.state.step,
+                end_step=run_end,
+                max_policy_lag=cfg.rollout.max_policy_lag,
+                seed=cfg.seed,
+            )
         try:
             for step in range(self.state.step, cfg.trainer.max_steps):
                 if self._preemption_agreed():  # during start-up, or during the last step's logging
@@ -731,6 +833,9 @@ class Trainer:
                 last_saved = self.save_checkpoint()
             self.finalize_checkpoints(blocking=True)  # nothing may be left half-written at exit
         finally:
+            if self.async_rollout is not None:
+                self.async_rollout.close()
+                self.async_rollout = None
             logger.close()
         return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
 

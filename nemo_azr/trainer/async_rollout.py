@@ -1,0 +1,173 @@
+"""Asynchronous rollout: generation runs ahead of training in a background thread (``rollout.async_rollout``).
+
+The producer thread rolls out and scores the batch of step ``s`` as soon as the trainer has finished
+step ``s - max_policy_lag`` (so a batch is at most ``max_policy_lag`` policy versions old when it is
+trained on), with the newest weights the trainer has pushed. The trainer trains on step ``s - 1``
+meanwhile. With ``max_policy_lag = 0`` the producer waits for every update: the steps run in the
+synchronous order, with the same seeds and weights, so the run equals a synchronous one.
+
+A thread (not a process) because the hf generation backend already owns its own copy of the weights
+and torch releases the GIL inside its kernels; a push clones the policy's weights once (the trainer
+goes on training) and the producer loads the newest clone before each rollout. Each batch carries
+its ``policy_version``; the trainer drops one older than the lag bound (never trained on, counted).
+The off-policy gap is corrected with the rollout log-probs (``algorithm.off_policy_correction``).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from nemo_azr.contracts import Batch
+from nemo_azr.trainer.seeding import seed_everything, step_seed
+
+#: Seconds between checks of the stop flag while the producer waits.
+_POLL_S = 0.5
+
+
+@dataclass
+class Rollout:
+    """The rolled-out, scored batch of one step (or why the step has nothing to train on)."""
+
+    step: int
+    batch: Batch | None
+    metrics: dict[str, float]
+    skip: tuple[str, str] | None = None  # (why, hint) when the step has no batch
+    rollout_s: float = 0.0
+    reward_s: float = 0.0
+    loader_after: dict = field(default_factory=dict)  # the data position after this batch's draws
+    policy_version: int = 0  # the generation weights' version
+    lag_metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Failure:
+    error: BaseException
+
+
+class AsyncRollout:
+    """Runs ``produce(step)`` for ``start_step .. end_step - 1`` in a daemon thread, at most
+    ``max_policy_lag`` steps ahead of :meth:`step_done`; :meth:`take` hands them to the trainer."""
+
+    def __init__(
+        self,
+        produce: Callable[[int], Rollout],
+        backend,
+        *,
+        start_step: int,
+        end_step: int,
+        max_policy_lag: int,
+        seed: int,
+    ) -> None:
+        self.produce = produce
+        self.backend = backend
+        self.max_policy_lag = max_policy_lag
+        self.seed = seed
+        self.end_step = end_step
+        self._done_through = start_step  # steps < this one are trained (their weights pushed)
+        self._next = start_step
+        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._queue: queue.Queue = queue.Queue(maxsize=max_policy_lag + 1)
+        self.dropped_stale = 0
+        self._thread = threading.Thread(target=self._run, name="nemo-azr-rollout", daemon=True)
+        self._thread.start()
+
+    # --- producer thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            for step in range(self._next, self.end_step):
+                with self._cond:
+                    while not self._stop and self._done_through < step - self.max_policy_lag:
+                        self._cond.wait(_POLL_S)
+                    if self._stop:
+                        return
+                    pending, self._pending = self._pending, None
+                if pending is not None:
+                    self._load(*pending)
+                seed_everything(step_seed(self.seed, step))  # the synchronous step's seed
+                rollout = self.produce(step)
+                while not self._stop:
+                    try:
+                        self._queue.put(rollout, timeout=_POLL_S)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as exc:  # noqa: BLE001 - handed to the trainer thread, raised there
+            self._queue.put(_Failure(exc))
+
+    @torch.no_grad()
+    def _load(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        self.backend.model.load_state_dict(state)
+        self.backend.version = version
+
+    # --- trainer side ------------------------------------------------------------------------------
+    def push_weights(self, policy, version: int) -> None:
+        """The trainer's weights after an update (cloned now: training goes on); the producer loads
+        the newest push before its next rollout."""
+        model = policy.model if hasattr(policy, "model") else policy
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with self._cond:
+            self._pending = (version, state)
+
+    def step_done(self, step: int) -> None:
+        """Step ``step`` is trained (and its weights pushed): the producer may go one step further."""
+        with self._cond:
+            self._done_through = max(self._done_through, step + 1)
+            self._cond.notify_all()
+
+    def take(self, step: int, policy_version: int) -> Rollout:
+        """The batch of ``step`` (waits for it). A batch more than ``max_policy_lag`` versions behind
+        ``policy_version`` is replaced by a skip: it is never trained on."""
+        while True:
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the rollout producer thread stopped without a batch") from None
+        if isinstance(item, _Failure):
+            raise item.error
+        if item.step != step:
+            raise RuntimeError(f"rollout producer out of order: got step {item.step}, expected {step}")
+        return check_lag(item, policy_version, self.max_policy_lag, self)
+
+    def close(self) -> None:
+        """Stop the producer (after its current rollout) and drop what it queued."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
+
+def check_lag(rollout: Rollout, policy_version: int, max_policy_lag: int, counter=None) -> Rollout:
+    """``rollout`` with its lag metrics; a skip instead when it is older than ``max_policy_lag``."""
+    lag = policy_version - rollout.policy_version
+    stale = lag > max_policy_lag
+    if stale and counter is not None:
+        counter.dropped_stale += 1
+    dropped = float(getattr(counter, "dropped_stale", int(stale)))
+    rollout.lag_metrics = {"async/policy_lag": float(lag), "async/dropped_stale": dropped}
+    if stale:
+        return Rollout(
+            step=rollout.step,
+            batch=None,
+            metrics=rollout.metrics,
+            skip=(
+                f"the batch was generated {lag} policy versions ago (rollout.max_policy_lag={max_policy_lag})",
+                "raise rollout.max_policy_lag",
+            ),
+            rollout_s=rollout.rollout_s,
+            reward_s=rollout.reward_s,
+            loader_after=rollout.loader_after,
+            policy_version=rollout.policy_version,
+            lag_metrics=rollout.lag_metrics,
+        )
+    return rollout
