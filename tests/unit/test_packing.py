@@ -11,6 +11,7 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.microbatch import micro_batches, token_budget_groups, trim_padding
+from nemo_azr.models.packing import pack_layout
 from nemo_azr.rollout.assemble import pack_prompt_response
 
 
@@ -22,6 +23,11 @@ def test_first_fit_decreasing_packed_and_padded_costs():
     assert token_budget_groups([5, 3, 8, 2], 10, packed=False) == [[2], [0, 1], [3]]
     # A row over the budget goes alone.
     assert token_budget_groups([12, 1], 10, packed=True) == [[0], [1]]
+
+
+def test_pack_layout_bins_as_long_as_the_longest_row():
+    # Capacity 8: row 2 (8) fills bin 0; rows 0 (5) and 1 (3) share bin 1; row 3 (2) fits neither.
+    assert pack_layout([5, 3, 8, 2]) == (3, 8, [8, 13, 0, 16])
 
 
 def _batch(seed: int = 0, vocab: int = 60) -> Batch:
@@ -73,15 +79,24 @@ SCHEDULES = {
 }
 
 
-@pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("schedule", ["padded_budget", "packed_rows", "packed_budget"])
-def test_update_gradients_equal_one_padded_batch(tiny_cache, tiny_model_path, schedule, fused):
+@pytest.mark.parametrize(
+    ("schedule", "fused", "agg"),
+    [
+        *[
+            (s, f, "token-mean")
+            for s in ("padded_budget", "packed_rows", "packed_budget")
+            for f in (True, False)
+        ],
+        ("packed_budget", True, "seq-mean-token-mean"),
+        ("packed_budget", True, "seq-mean-token-sum-norm"),
+    ],
+)
+def test_update_gradients_equal_one_padded_batch(tiny_cache, tiny_model_path, schedule, fused, agg):
     batch = _batch()
-    fuse = f"model.fused_policy_loss={str(fused).lower()}"
-    ref = _policy(
-        tiny_cache, tiny_model_path, fuse, "algorithm.micro_batch_size=64", "algorithm.entropy_coef=0.01"
-    )
-    other = _policy(tiny_cache, tiny_model_path, fuse, "algorithm.entropy_coef=0.01", *SCHEDULES[schedule])
+    common = [f"model.fused_policy_loss={str(fused).lower()}", "algorithm.entropy_coef=0.01"]
+    common.append(f"algorithm.loss_agg_mode={agg}")
+    ref = _policy(tiny_cache, tiny_model_path, *common, "algorithm.micro_batch_size=64")
+    other = _policy(tiny_cache, tiny_model_path, *common, *SCHEDULES[schedule])
     pieces = other.micro_batches(batch)
     assert len(pieces) > 1 and len({len(m.batch) for m in pieces}) > 1  # uneven micro-batches
     n_tok = float(batch[F.LOSS_MASK].sum())

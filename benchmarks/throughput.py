@@ -1,0 +1,303 @@
+#!/usr/bin/env python
+"""Throughput levers side by side in one run: sequence packing, token-budget micro-batches, async rollout.
+
+Three parts, all on this machine (CPU) in one invocation:
+
+1. ``update``: the training forward/backward of one RL batch on SmolLM2-135M-Instruct (``--model``,
+   default the ``smollm2-135m`` preset; ``tiny`` for the built-in model), its response lengths drawn
+   from a long-tailed distribution like real RL rollouts (log-normal, most short, a few at the cap).
+   Cases on the same batch, interleaved over ``--reps``: ``padded`` (fixed ``micro_batch_size`` rows,
+   every row as wide as the batch: the default), ``padded_budget`` (token-budget micro-batches, each
+   trimmed to its width) and ``packed`` (token budget on real tokens, the rows of a micro-batch run
+   as one packed sequence). Training tokens/s = real (prompt + response) tokens / forward+backward time.
+2. ``e2e``: ``nemo-azr train`` on the SmolLM2 arithmetic experiment for ``--e2e-steps`` steps, each of
+   {padded, packed} x {sync, async lag 1 with TIS}; end-to-end steps/s from the median step time
+   (the first step, start-up, left out).
+3. ``curve``: the default job (tiny model, 400 steps) synchronous vs async lag 1 with TIS, same seed and
+   samples: the training reward of the first / last 50 steps (learning within noise of sync?).
+
+    .venv/bin/python benchmarks/throughput.py            # all three parts
+    .venv/bin/python benchmarks/throughput.py --parts update --reps 3
+
+Results: benchmarks/results/throughput.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from machine import cpu_model, mem_total_gib
+from real_model import RESULTS_DIR, nemo_azr, read_jsonl, run
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nemo_azr.config.loader import load_config  # noqa: E402
+from nemo_azr.contracts import Batch  # noqa: E402
+from nemo_azr.contracts import fields as F  # noqa: E402
+from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
+from nemo_azr.models.microbatch import real_lengths  # noqa: E402
+from nemo_azr.models.tiny import resolve_model_path  # noqa: E402
+from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
+
+UPDATE_CASES = {
+    "padded": [],
+    "padded_budget": ["algorithm.max_tokens_per_microbatch={budget}"],
+    "packed": ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch={budget}"],
+}
+E2E_CASES = {
+    "padded_sync": [],
+    "packed_sync": ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch=1024"],
+    "padded_async": [
+        "rollout.async_rollout=true",
+        "rollout.max_policy_lag=1",
+        "algorithm.off_policy_correction=tis",
+    ],
+    "packed_async": [
+        "model.sequence_packing=true",
+        "algorithm.max_tokens_per_microbatch=1024",
+        "rollout.async_rollout=true",
+        "rollout.max_policy_lag=1",
+        "algorithm.off_policy_correction=tis",
+    ],
+}
+CURVE_CASES = {
+    "sync": [],
+    "async_lag1_tis": [
+        "rollout.async_rollout=true",
+        "rollout.max_policy_lag=1",
+        "algorithm.off_policy_correction=tis",
+    ],
+}
+CURVE_WINDOW = 50
+
+
+# --- part 1: the update on a long-tailed batch -----------------------------------------------------------
+def long_tail_batch(rows: int, vocab: int, max_response: int, seed: int) -> tuple[Batch, dict]:
+    """Prompts of 40-70 tokens; response lengths log-normal (median 40) capped at ``max_response``."""
+    g = torch.Generator().manual_seed(seed)
+    p_lens = torch.randint(40, 71, (rows,), generator=g).tolist()
+    r_lens = torch.exp(torch.randn(rows, generator=g) * 0.9 + torch.log(torch.tensor(40.0)))
+    r_lens = r_lens.clamp(4, max_response).round().long().tolist()
+    prompts = [torch.randint(10, vocab, (n,), generator=g).tolist() for n in p_lens]
+    responses = [torch.randint(10, vocab, (n,), generator=g).tolist() for n in r_lens]
+    t = pack_prompt_response(prompts, responses, None, pad_id=0)
+    mask = t[F.LOSS_MASK]
+    t[F.ADVANTAGES] = torch.randn(mask.shape, generator=g) * mask
+    t[F.OLD_LOGPROBS] = (-torch.rand(mask.shape, generator=g) - 1.0) * mask
+    batch = Batch(t, {F.UID: [str(i) for i in range(rows)], F.GROUP_ID: [i // 4 for i in range(rows)]})
+    lengths = sorted(r_lens)
+    real = int(real_lengths(batch).sum())
+    stats = {
+        "rows": rows,
+        "width": batch.seq_len,
+        "response_len_mean": round(statistics.fmean(lengths), 1),
+        "response_len_p50": lengths[len(lengths) // 2],
+        "response_len_p90": lengths[int(len(lengths) * 0.9)],
+        "response_len_max": lengths[-1],
+        "real_tokens": real,
+        "padded_tokens": rows * batch.seq_len,
+        "padding_frac": round(1 - real / (rows * batch.seq_len), 3),
+    }
+    return batch, stats
+
+
+def bench_update(model: str, rows: int, max_response: int, budget: int, reps: int) -> dict:
+    path = resolve_model_path(model, load_config([]).model.tiny)
+    policies = {
+        name: HFPolicy(
+            path, load_config(["algorithm.micro_batch_size=8", *[o.format(budget=budget) for o in ov]])
+        )
+        for name, ov in UPDATE_CASES.items()
+    }
+    vocab = next(iter(policies.values())).model.config.vocab_size
+    batch, stats = long_tail_batch(rows, vocab, max_response, seed=0)
+    n_tok = float(batch[F.LOSS_MASK].sum())
+    times: dict[str, list[float]] = {name: [] for name in policies}
+    micro = {name: len(p.micro_batches(batch)) for name, p in policies.items()}
+    for rep in range(reps + 1):  # rep 0 warms up (allocator, first-call overheads): not counted
+        for name, policy in policies.items():
+            policy.model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            policy.accumulate_gradients(batch, num_tokens=n_tok, norm_length=max_response)
+            seconds = time.perf_counter() - start
+            if rep:
+                times[name].append(seconds)
+            print(f"  update {name}: {seconds:.2f} s", flush=True)
+    base = statistics.median(times["padded"])
+    cases = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        cases[name] = {
+            "median_s": round(med, 3),
+            "times_s": [round(t, 3) for t in ts],
+            "micro_batches": micro[name],
+            "tokens_per_s": round(stats["real_tokens"] / med, 1),
+            "speedup_vs_padded": round(base / med, 2),
+        }
+    return {"model": model, "budget": budget, "batch": stats, "cases": cases}
+
+
+# --- parts 2 and 3: the trainer ----------------------------------------------------------------------
+def train_run(out: Path, overrides: list[str]) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    wall = run(
+        [*nemo_azr(), "train", *overrides, f"trainer.output_dir={out}", "logger=quiet"], out / "train.log"
+    )
+    records = read_jsonl(out / "metrics.jsonl")
+    steps = [r["timing/step_s"] for r in records[1:] if "timing/step_s" in r]
+    lags = [r.get("async/policy_lag", 0.0) for r in records]
+    return {
+        "steps": len(records),
+        "wall_s": round(wall, 1),
+        "step_s_median": round(statistics.median(steps), 3) if steps else None,
+        "steps_per_s": round(1 / statistics.median(steps), 4) if steps else None,
+        "rollout_s_median": round(statistics.median(r["timing/rollout_s"] for r in records[1:]), 3),
+        "update_s_median": round(statistics.median(r["timing/update_s"] for r in records[1:]), 3),
+        "wait_s_median": round(statistics.median(r.get("async/wait_s", 0.0) for r in records[1:]), 3),
+        "policy_lag_max": max(lags),
+        "is_weight_mean": round(
+            statistics.fmean(r.get("off_policy/is_weight_mean", 1.0) for r in records), 4
+        ),
+        "is_clipped_frac_mean": round(
+            statistics.fmean(r.get("off_policy/clipped_frac", 0.0) for r in records), 4
+        ),
+        "rewards": [round(r["reward/mean"], 4) for r in records],
+    }
+
+
+def bench_e2e(root: Path, steps: int) -> dict:
+    base = [
+        "experiment=arithmetic_grpo_smollm2",
+        "logger.console_samples=false",
+        f"trainer.max_steps={steps}",
+    ]
+    results = {name: train_run(root / "e2e" / name, [*base, *ov]) for name, ov in E2E_CASES.items()}
+    ref = results["padded_sync"]["step_s_median"]
+    for res in results.values():
+        res["speedup_vs_padded_sync"] = round(ref / res["step_s_median"], 2)
+    return results
+
+
+def bench_curve(root: Path) -> dict:
+    results = {}
+    for name, ov in CURVE_CASES.items():
+        res = train_run(root / "curve" / name, ov)
+        rw = res.pop("rewards")
+        res["reward_first"] = round(statistics.fmean(rw[:CURVE_WINDOW]), 4)
+        res["reward_last"] = round(statistics.fmean(rw[-CURVE_WINDOW:]), 4)
+        # Noise yardstick: the spread of the per-step reward over the last window.
+        res["reward_last_std"] = round(statistics.pstdev(rw[-CURVE_WINDOW:]), 4)
+        results[name] = res
+    return results
+
+
+# --- report -------------------------------------------------------------------------------------------
+def write_report(out: dict) -> None:
+    meta = out["meta"]
+    lines = [
+        "# Throughput: packing, token-budget micro-batches, async rollout",
+        "",
+        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB, CPU only (torch "
+        f"{meta['torch']}); run {meta['date']}.  ",
+        f"Command: `.venv/bin/python benchmarks/throughput.py {meta['args']}`. Ratios are measured side by "
+        "side in this one run; absolute times are this CPU's.",
+        "",
+    ]
+    if "update" in out:
+        u = out["update"]
+        b = u["batch"]
+        lines += [
+            f"## Training forward/backward of one batch ({u['model']})",
+            "",
+            f"{b['rows']} rows, prompts 40-70 tokens, response lengths log-normal: mean {b['response_len_mean']}, "
+            f"p50 {b['response_len_p50']}, p90 {b['response_len_p90']}, max {b['response_len_max']}; "
+            f"{b['real_tokens']} real tokens in a {b['rows']} x {b['width']} batch ({b['padding_frac']:.0%} "
+            f"padding). Token budget {u['budget']}; `padded` is the default (8 rows per micro-batch, full width).",
+            "",
+            "| case | micro-batches | median s | training tokens/s | speed-up vs padded |",
+            "| --- | --- | --- | --- | --- |",
+            *[
+                f"| {n} | {c['micro_batches']} | {c['median_s']} | {c['tokens_per_s']} | {c['speedup_vs_padded']}x |"
+                for n, c in u["cases"].items()
+            ],
+            "",
+        ]
+    if "e2e" in out:
+        lines += [
+            "## End to end: SmolLM2 arithmetic GRPO",
+            "",
+            "| case | steps | median step s | steps/s | speed-up | rollout s | update s | trainer waits s | max lag |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *[
+                f"| {n} | {r['steps']} | {r['step_s_median']} | {r['steps_per_s']} | {r['speedup_vs_padded_sync']}x | "
+                f"{r['rollout_s_median']} | {r['update_s_median']} | {r['wait_s_median']} | {r['policy_lag_max']:.0f} |"
+                for n, r in out["e2e"].items()
+            ],
+            "",
+        ]
+    if "curve" in out:
+        lines += [
+            f"## Learning: default job, sync vs async lag 1 + TIS (reward, first / last {CURVE_WINDOW} steps)",
+            "",
+            "| case | steps | reward first | reward last | std of last (per step) | median step s | IS weight mean | clipped frac |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            *[
+                f"| {n} | {r['steps']} | {r['reward_first']} | {r['reward_last']} | {r['reward_last_std']} | "
+                f"{r['step_s_median']} | {r['is_weight_mean']} | {r['is_clipped_frac_mean']} |"
+                for n, r in out["curve"].items()
+            ],
+            "",
+        ]
+    (RESULTS_DIR / "throughput.md").write_text("\n".join(lines))
+    (RESULTS_DIR / "throughput.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--parts", nargs="+", default=["update", "e2e", "curve"], choices=["update", "e2e", "curve"]
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="update part: a model preset, folder or 'tiny'"
+    )
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--max-response", type=int, default=256)
+    parser.add_argument("--budget", type=int, default=1024, help="tokens per micro-batch (budget cases)")
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--e2e-steps", type=int, default=6)
+    parser.add_argument("--output-root", default="outputs/throughput")
+    args = parser.parse_args()
+    root = Path(args.output_root)
+    out: dict = {
+        "meta": {
+            "cpu": cpu_model(),
+            "cores": os.cpu_count(),
+            "mem_gib": mem_total_gib(),
+            "torch": torch.__version__,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "args": " ".join(sys.argv[1:]),
+        }
+    }
+    if "update" in args.parts:
+        out["update"] = bench_update(args.model, args.rows, args.max_response, args.budget, args.reps)
+        write_report(out)
+    if "e2e" in args.parts:
+        out["e2e"] = bench_e2e(root, args.e2e_steps)
+        write_report(out)
+    if "curve" in args.parts:
+        out["curve"] = bench_curve(root)
+        write_report(out)
+    print((RESULTS_DIR / "throughput.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
