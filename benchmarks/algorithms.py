@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import shutil
 import statistics
 from pathlib import Path
@@ -50,19 +51,32 @@ CRITIC_WINDOW = 50
 
 
 def _window_mean(records: list[dict], key: str, start: int, stop: int) -> float | None:
-    values = [r[key] for r in records[start:stop] if key in r and r[key] == r[key]]
+    # The JSONL writes a non-finite metric as a string ("nan": e.g. explained variance of all-zero returns).
+    values = [
+        r[key] for r in records[start:stop] if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+    ]
     return round(statistics.fmean(values), 4) if values else None
 
 
-def run_algorithm(job: str, name: str, root: Path) -> dict:
+def _finished_wall(out: Path) -> float | None:
+    """Wall seconds of a finished earlier training run in ``out`` (``--reuse``), else None."""
+    if not (out / "wall_s.json").is_file() or not (out / "metrics.jsonl").is_file():
+        return None
+    return json.loads((out / "wall_s.json").read_text())["wall_s"]
+
+
+def run_algorithm(job: str, name: str, root: Path, *, reuse: bool = False) -> dict:
     spec = JOBS[job]
     out = root / name
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
     extra = REAL_MODEL_EXTRA.get(name, []) if job == "smollm2" else []
     base = [*spec["overrides"], f"algorithm={name}", *extra, f"trainer.output_dir={out}"]
-    wall = run([*nemo_azr(), "train", *base, "logger=quiet"], out / "train.log")
+    wall = _finished_wall(out) if reuse else None
+    if wall is None:
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        wall = run([*nemo_azr(), "train", *base, "logger=quiet"], out / "train.log")
+        (out / "wall_s.json").write_text(json.dumps({"wall_s": wall}) + "\n")
     records = read_jsonl(out / "metrics.jsonl")
     w = spec["window"]
     result = {"algorithm": name, "overrides": extra, "train": train_summary(out, wall)}
@@ -140,6 +154,9 @@ def main() -> None:
     parser.add_argument("--algorithms", nargs="+", default=["grpo", "ppo", "dapo", "cispo"])
     parser.add_argument("--output-root", default="outputs/algorithms")
     parser.add_argument(
+        "--reuse", action="store_true", help="reuse finished training runs in the output folder"
+    )
+    parser.add_argument(
         "--keep",
         action="store_true",
         help="keep the committed results of algorithms not rerun (resume a long benchmark)",
@@ -164,7 +181,7 @@ def main() -> None:
              f"eval.output_dir={out}/eval"], out / "eval.log")  # fmt: skip
         meta["before"] = eval_summary(out / "eval")
     for name in args.algorithms:
-        results[name] = run_algorithm(args.job, name, root)
+        results[name] = run_algorithm(args.job, name, root, reuse=args.reuse)
         write_report(args.job, results, meta)  # after each run: a long benchmark keeps what it has
     print((RESULTS_DIR / f"algorithms_{args.job}.md").read_text())
 

@@ -11,10 +11,12 @@ Three parts, all on this machine (CPU) in one invocation:
    trimmed to its width) and ``packed`` (token budget on real tokens, the rows of a micro-batch run
    as one packed sequence). Training tokens/s = real (prompt + response) tokens / forward+backward time.
 2. ``e2e``: ``nemo-azr train`` on the SmolLM2 arithmetic experiment for ``--e2e-steps`` steps, each of
-   {padded, packed} x {sync, async lag 1 with TIS}; end-to-end steps/s from the median step time
-   (the first step, start-up, left out).
-3. ``curve``: the default job (tiny model, 400 steps) synchronous vs async lag 1 with TIS, same seed and
-   samples: the training reward of the first / last 50 steps (learning within noise of sync?).
+   {padded, packed} x {sync, async lag 1 with TIS} (async also with the cores split between the
+   rollout and training threads); end-to-end steps/s from the median step time (the first step,
+   start-up, left out).
+3. ``curve``: the default job (tiny model, 400 steps) synchronous vs async lag 1 with TIS, same seeds
+   (``--curve-seeds``) and samples: the training reward of the first / last 50 steps, and its spread
+   over seeds as the noise yardstick.
 
     .venv/bin/python benchmarks/throughput.py            # all three parts
     .venv/bin/python benchmarks/throughput.py --parts update --reps 3
@@ -53,21 +55,16 @@ UPDATE_CASES = {
     "padded_budget": ["algorithm.max_tokens_per_microbatch={budget}"],
     "packed": ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch={budget}"],
 }
+PACKED = ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch=1024"]
+ASYNC = ["rollout.async_rollout=true", "rollout.max_policy_lag=1", "algorithm.off_policy_correction=tis"]
+#: Generation and training split the cores (one torch thread each) instead of both using all of them.
+SPLIT_THREADS = ["trainer.num_threads=1", "rollout.async_threads=1"]
 E2E_CASES = {
     "padded_sync": [],
-    "packed_sync": ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch=1024"],
-    "padded_async": [
-        "rollout.async_rollout=true",
-        "rollout.max_policy_lag=1",
-        "algorithm.off_policy_correction=tis",
-    ],
-    "packed_async": [
-        "model.sequence_packing=true",
-        "algorithm.max_tokens_per_microbatch=1024",
-        "rollout.async_rollout=true",
-        "rollout.max_policy_lag=1",
-        "algorithm.off_policy_correction=tis",
-    ],
+    "packed_sync": PACKED,
+    "padded_async": ASYNC,
+    "padded_async_split": [*ASYNC, *SPLIT_THREADS],
+    "packed_async_split": [*PACKED, *ASYNC, *SPLIT_THREADS],
 }
 CURVE_CASES = {
     "sync": [],
@@ -187,16 +184,26 @@ def bench_e2e(root: Path, steps: int) -> dict:
     return results
 
 
-def bench_curve(root: Path) -> dict:
+def bench_curve(root: Path, seeds: list[int]) -> dict:
+    """Each case once per seed; the reward of the first / last window, mean and spread over seeds."""
     results = {}
     for name, ov in CURVE_CASES.items():
-        res = train_run(root / "curve" / name, ov)
-        rw = res.pop("rewards")
-        res["reward_first"] = round(statistics.fmean(rw[:CURVE_WINDOW]), 4)
-        res["reward_last"] = round(statistics.fmean(rw[-CURVE_WINDOW:]), 4)
-        # Noise yardstick: the spread of the per-step reward over the last window.
-        res["reward_last_std"] = round(statistics.pstdev(rw[-CURVE_WINDOW:]), 4)
-        results[name] = res
+        runs = [train_run(root / "curve" / f"{name}_seed{seed}", [*ov, f"seed={seed}"]) for seed in seeds]
+        first = [statistics.fmean(r["rewards"][:CURVE_WINDOW]) for r in runs]
+        last = [statistics.fmean(r["rewards"][-CURVE_WINDOW:]) for r in runs]
+        results[name] = {
+            "seeds": seeds,
+            "steps": runs[0]["steps"],
+            "reward_first": round(statistics.fmean(first), 4),
+            "reward_last": round(statistics.fmean(last), 4),
+            "reward_last_per_seed": [round(x, 4) for x in last],
+            "reward_last_seed_std": round(statistics.pstdev(last), 4) if len(last) > 1 else None,
+            "step_s_median": round(statistics.median(r["step_s_median"] for r in runs), 4),
+            "wall_s_mean": round(statistics.fmean(r["wall_s"] for r in runs), 1),
+            "is_weight_mean": round(statistics.fmean(r["is_weight_mean"] for r in runs), 4),
+            "is_clipped_frac_mean": round(statistics.fmean(r["is_clipped_frac_mean"] for r in runs), 4),
+            "policy_lag_max": max(r["policy_lag_max"] for r in runs),
+        }
     return results
 
 
@@ -246,13 +253,16 @@ def write_report(out: dict) -> None:
         ]
     if "curve" in out:
         lines += [
-            f"## Learning: default job, sync vs async lag 1 + TIS (reward, first / last {CURVE_WINDOW} steps)",
+            f"## Learning: default job, sync vs async lag 1 + TIS (training reward, mean of the first / last "
+            f"{CURVE_WINDOW} steps, averaged over seeds)",
             "",
-            "| case | steps | reward first | reward last | std of last (per step) | median step s | IS weight mean | clipped frac |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| case | seeds | steps | reward first | reward last | last, per seed | std over seeds | median step s "
+            "| IS weight mean | clipped frac | max lag |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             *[
-                f"| {n} | {r['steps']} | {r['reward_first']} | {r['reward_last']} | {r['reward_last_std']} | "
-                f"{r['step_s_median']} | {r['is_weight_mean']} | {r['is_clipped_frac_mean']} |"
+                f"| {n} | {len(r['seeds'])} | {r['steps']} | {r['reward_first']} | {r['reward_last']} | "
+                f"{', '.join(str(x) for x in r['reward_last_per_seed'])} | {r['reward_last_seed_std']} | "
+                f"{r['step_s_median']} | {r['is_weight_mean']} | {r['is_clipped_frac_mean']} | {r['policy_lag_max']:.0f} |"
                 for n, r in out["curve"].items()
             ],
             "",
@@ -274,6 +284,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=1024, help="tokens per micro-batch (budget cases)")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--e2e-steps", type=int, default=6)
+    parser.add_argument("--curve-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--output-root", default="outputs/throughput")
     args = parser.parse_args()
     root = Path(args.output_root)
@@ -294,7 +305,7 @@ def main() -> None:
         out["e2e"] = bench_e2e(root, args.e2e_steps)
         write_report(out)
     if "curve" in args.parts:
-        out["curve"] = bench_curve(root)
+        out["curve"] = bench_curve(root, args.curve_seeds)
         write_report(out)
     print((RESULTS_DIR / "throughput.md").read_text())
 

@@ -121,6 +121,7 @@ class RolloutConfig:
     # synchronous on-policy steps.
     async_rollout: bool = False
     max_policy_lag: int = 1  # async: a batch is trained at most this many policy versions after its rollout
+    async_threads: int = 0  # async: torch intra-op threads of the rollout thread; 0: as the trainer's
 
 
 @dataclass

@@ -300,6 +300,10 @@ def _validate_off_policy(cfg: NemoAzrConfig, megatron: bool) -> None:
         "algorithm.use_rollout_logprobs=true makes pi_old the rollout's: use one of them",
     )
     _require(ro.max_policy_lag >= 0, f"rollout.max_policy_lag must be >= 0, got {ro.max_policy_lag}")
+    _require(
+        ro.async_threads >= 0,
+        f"rollout.async_threads must be >= 0 (0: the trainer's), got {ro.async_threads}",
+    )
     if not ro.async_rollout:
         return
     _require(

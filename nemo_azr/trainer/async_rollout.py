@@ -62,8 +62,10 @@ class AsyncRollout:
         end_step: int,
         max_policy_lag: int,
         seed: int,
+        num_threads: int = 0,
     ) -> None:
         self.produce = produce
+        self.num_threads = num_threads
         self.backend = backend
         self.max_policy_lag = max_policy_lag
         self.seed = seed
@@ -80,6 +82,8 @@ class AsyncRollout:
 
     # --- producer thread ---------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.num_threads > 0:  # torch's intra-op thread count is per calling thread
+            torch.set_num_threads(self.num_threads)
         try:
             for step in range(self._next, self.end_step):
                 with self._cond:

@@ -780,6 +780,7 @@ class Trainer:
                 end_step=run_end,
                 max_policy_lag=cfg.rollout.max_policy_lag,
                 seed=cfg.seed,
+                num_threads=cfg.rollout.async_threads,
             )
         try:
             for step in range(self.state.step, cfg.trainer.max_steps):
