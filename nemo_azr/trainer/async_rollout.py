@@ -141,12 +141,13 @@ class AsyncRollout:
             raise RuntimeError(f"rollout producer out of order: got step {item.step}, expected {step}")
         return check_lag(item, policy_version, self.max_policy_lag, self)
 
-    def close(self) -> None:
-        """Stop the producer (after its current rollout) and drop what it queued."""
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Stop the producer (after its current rollout) and drop what it queued. A rollout that
+        hangs past ``timeout_s`` is left behind: the thread is a daemon and cannot block the exit."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        self._thread.join()
+        self._thread.join(timeout_s)
         while not self._queue.empty():
             self._queue.get_nowait()
 
