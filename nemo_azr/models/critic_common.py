@@ -45,6 +45,7 @@ def pick_role_values(per_head: torch.Tensor, batch: Batch, roles: Sequence[str])
 
 
 def require_value_targets(batch: Batch) -> None:
+    """A critic update needs the rollout-time values and the returns (the gae estimator's)."""
     for key in (F.VALUES, F.RETURNS):
         if key not in batch.tensors:
             raise BatchContractError(f"critic update: the batch has no {key!r} [B,T] (run the gae estimator)")
@@ -73,11 +74,7 @@ class ValueModelMixin:
     ) -> dict[str, float]:
         """The critic's epochs over ``batch`` (with ``values`` and ``returns``) and how well the
         rollout-time values predicted the returns."""
-        for key in (F.VALUES, F.RETURNS):
-            if key not in batch.tensors:
-                raise BatchContractError(
-                    f"critic update: the batch has no {key!r} [B,T] (run the gae estimator)"
-                )
+        require_value_targets(batch)
         return {
             **super().update(batch, norm_length=norm_length, generator=generator),
             **value_batch_metrics(batch),

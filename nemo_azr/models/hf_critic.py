@@ -39,7 +39,6 @@ from nemo_azr.models.critic_common import (
 )
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.hf_policy import decoder_hidden_states
-from nemo_azr.models.microbatch import gather_micro_outputs
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
@@ -178,17 +177,8 @@ class SharedTrunkCritic(ValueModelMixin):
     def setup_optimizer(self, total_steps: int) -> None:
         """Nothing: the policy's optimizer holds the head (attached before it was built)."""
 
-    @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        policy = self.policy
-        was_training = policy.model.training
-        policy.model.eval()
-        parts = []
-        for micro in policy.micro_batches(batch):
-            hidden, _ = policy._hidden_states(micro.batch)
-            parts.append((micro, policy.values_from_hidden(hidden, micro.batch)))
-        policy.model.train(was_training)
-        return gather_micro_outputs(parts, len(batch), batch.seq_len)
+        return self.policy.no_grad_pass(batch, self.policy.token_values)
 
     def update(
         self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None

@@ -162,6 +162,11 @@ class HFPolicy(PPOUpdateMixin):
         per_head = torch.nn.functional.pad(self.value_head(hidden[:, :-1]).float().permute(2, 0, 1), (1, 0))
         return pick_role_values(per_head, batch, self.value_roles) * (batch[F.LOSS_MASK].to(self.device) > 0)
 
+    def token_values(self, batch: Batch) -> torch.Tensor:
+        """``values[B, T]`` of the shared-trunk value head (see :meth:`values_from_hidden`)."""
+        hidden, _ = self._hidden_states(batch)
+        return self.values_from_hidden(hidden, batch)
+
     # --- log-probs -------------------------------------------------------------------------------
     def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's last hidden states ``[B, T, H]`` and ``input_ids[B, T]`` on the device."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
@@ -69,13 +70,18 @@ class PPOUpdateMixin:
         )
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
-        """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
+    def no_grad_pass(self, batch: Batch, per_token: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        """``per_token(micro)`` ``[b, t]`` over ``batch``'s micro-batches in eval mode, without
+        gradients, gathered into ``[B, T]`` (float32, CPU) in row order."""
         was_training = self.model.training
         self.model.eval()
-        parts = [(micro, self.token_logprobs(micro.batch)) for micro in self.micro_batches(batch)]
+        parts = [(micro, per_token(micro.batch)) for micro in self.micro_batches(batch)]
         self.model.train(was_training)
         return gather_micro_outputs(parts, len(batch), batch.seq_len)
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
+        return self.no_grad_pass(batch, self.token_logprobs)
 
     def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
         """Backward of one mini-batch in micro-batches; its metrics (token-weighted means, or sums of

@@ -15,6 +15,7 @@ The off-policy gap is corrected with the rollout log-probs (``algorithm.off_poli
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable
@@ -161,18 +162,6 @@ def check_lag(rollout: Rollout, policy_version: int, max_policy_lag: int, counte
     dropped = float(getattr(counter, "dropped_stale", int(stale)))
     rollout.lag_metrics = {"async/policy_lag": float(lag), "async/dropped_stale": dropped}
     if stale:
-        return Rollout(
-            step=rollout.step,
-            batch=None,
-            metrics=rollout.metrics,
-            skip=(
-                f"the batch was generated {lag} policy versions ago (rollout.max_policy_lag={max_policy_lag})",
-                "raise rollout.max_policy_lag",
-            ),
-            rollout_s=rollout.rollout_s,
-            reward_s=rollout.reward_s,
-            loader_after=rollout.loader_after,
-            policy_version=rollout.policy_version,
-            lag_metrics=rollout.lag_metrics,
-        )
+        why = f"the batch was generated {lag} policy versions ago (rollout.max_policy_lag={max_policy_lag})"
+        return dataclasses.replace(rollout, batch=None, skip=(why, "raise rollout.max_policy_lag"))
     return rollout

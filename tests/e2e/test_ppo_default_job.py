@@ -2,12 +2,10 @@
 critic learns (value loss down from its peak, explained variance above 0)."""
 
 import statistics
-import subprocess
-import sys
 
 import pytest
 
-from nemo_azr.trainer.metrics import read_metrics
+from tests.e2e.train_cli import reward_first_last, train_cli
 
 WINDOW = 10
 CRITIC_WINDOW = 50
@@ -16,21 +14,10 @@ CRITIC_WINDOW = 50
 @pytest.mark.e2e
 def test_ppo_default_job_learns_with_its_critic(tiny_cache, tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "nemo_azr",
-        "train",
-        "algorithm=ppo",
-        f"model.tiny.cache_dir={tiny_cache}",
-        f"trainer.output_dir={out}",
-        "logger=quiet",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = read_metrics(out / "metrics.jsonl")
-    rewards = [r["reward/mean"] for r in records]
-    first, last = statistics.fmean(rewards[:WINDOW]), statistics.fmean(rewards[-WINDOW:])
+    records = train_cli(
+        out, "algorithm=ppo", f"model.tiny.cache_dir={tiny_cache}", "logger=quiet", timeout=1200
+    )
+    first, last = reward_first_last(records, WINDOW)
     assert last > first + 0.15, f"reward did not rise enough: first {first:.3f}, last {last:.3f}"
 
     def window(key: str, start: int, stop: int) -> float:
