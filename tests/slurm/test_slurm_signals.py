@@ -68,7 +68,7 @@ def test_user_cancel_ends_a_running_job_without_requeue(slurm_cluster, tiny_cach
 def test_preempted_job_requeues_and_resumes(
     slurm_cluster, tiny_cache, tmp_path, preempt_mode, grace_s, outcome
 ):
-    steps = 30
+    steps = 150  # long enough that the preemption lands before the run ends (a step takes ~0.1 s)
     out, logs = tmp_path / "run", tmp_path / "logs"
     partition = "debug"
     subprocess.run(
