@@ -21,7 +21,12 @@ Three parts, all on this machine (CPU) in one invocation:
     .venv/bin/python benchmarks/throughput.py            # all three parts
     .venv/bin/python benchmarks/throughput.py --parts update --reps 3
 
-Results: benchmarks/results/throughput.{json,md}.
+On a GPU (``--device cuda``; the real weights may be out of reach there, see random_weights.py):
+
+    python benchmarks/throughput.py --device cuda --model DIR --results-name throughput_h100 \
+        --e2e-overrides model.path=DIR trainer.device=cuda --e2e-cases padded_sync padded_async
+
+Results: benchmarks/results/throughput.{json,md} (``--results-name`` for another name).
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ UPDATE_CASES = {
     "padded_budget": ["algorithm.max_tokens_per_microbatch={budget}"],
     "packed": ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch={budget}"],
 }
-PACKED = ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch=1024"]
+PACKED = ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch={budget}"]
 ASYNC = ["rollout.async_rollout=true", "rollout.max_policy_lag=1", "algorithm.off_policy_correction=tis"]
 #: Generation and training split the cores (one torch thread each) instead of both using all of them.
 SPLIT_THREADS = ["trainer.num_threads=1", "rollout.async_threads=1"]
@@ -64,6 +69,7 @@ E2E_CASES = {
     "packed_sync": PACKED,
     "padded_async": ASYNC,
     "padded_async_split": [*ASYNC, *SPLIT_THREADS],
+    "packed_async": [*PACKED, *ASYNC],
     "packed_async_split": [*PACKED, *ASYNC, *SPLIT_THREADS],
 }
 CURVE_CASES = {
@@ -107,11 +113,21 @@ def long_tail_batch(rows: int, vocab: int, max_response: int, seed: int) -> tupl
     return batch, stats
 
 
-def bench_update(model: str, rows: int, max_response: int, budget: int, reps: int) -> dict:
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so a wall-clock time covers the kernels it launched."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench_update(
+    model: str, rows: int, max_response: int, budget: int, reps: int, device: str, overrides: list[str]
+) -> dict:
     path = resolve_model_path(model, load_config([]).model.tiny)
     policies = {
         name: HFPolicy(
-            path, load_config(["algorithm.micro_batch_size=8", *[o.format(budget=budget) for o in ov]])
+            path,
+            load_config(["algorithm.micro_batch_size=8", *overrides, *[o.format(budget=budget) for o in ov]]),
+            device=device,
         )
         for name, ov in UPDATE_CASES.items()
     }
@@ -123,8 +139,10 @@ def bench_update(model: str, rows: int, max_response: int, budget: int, reps: in
     for rep in range(reps + 1):  # rep 0 warms up (allocator, first-call overheads): not counted
         for name, policy in policies.items():
             policy.model.zero_grad(set_to_none=True)
+            _sync(device)
             start = time.perf_counter()
             policy.accumulate_gradients(batch, num_tokens=n_tok, norm_length=max_response)
+            _sync(device)
             seconds = time.perf_counter() - start
             if rep:
                 times[name].append(seconds)
@@ -140,7 +158,7 @@ def bench_update(model: str, rows: int, max_response: int, budget: int, reps: in
             "tokens_per_s": round(stats["real_tokens"] / med, 1),
             "speedup_vs_padded": round(base / med, 2),
         }
-    return {"model": model, "budget": budget, "batch": stats, "cases": cases}
+    return {"model": model, "budget": budget, "device": device, "batch": stats, "cases": cases}
 
 
 # --- parts 2 and 3: the trainer ----------------------------------------------------------------------
@@ -171,16 +189,26 @@ def train_run(out: Path, overrides: list[str]) -> dict:
     }
 
 
-def bench_e2e(root: Path, steps: int) -> dict:
+def bench_e2e(root: Path, steps: int, cases: list[str], overrides: list[str], budget: int) -> dict:
     base = [
         "experiment=arithmetic_grpo_smollm2",
         "logger.console_samples=false",
         f"trainer.max_steps={steps}",
+        *overrides,
     ]
-    results = {name: train_run(root / "e2e" / name, [*base, *ov]) for name, ov in E2E_CASES.items()}
-    ref = results["padded_sync"]["step_s_median"]
+    cases = ["padded_sync", *[c for c in cases if c != "padded_sync"]]  # the reference runs first
+    results = {}
+    for name in cases:
+        try:
+            overrides = [*base, *(o.format(budget=budget) for o in E2E_CASES[name])]
+            results[name] = train_run(root / "e2e" / name, overrides)
+        except SystemExit as exc:  # one failed case (its log tail kept) must not lose the others
+            print(exc, flush=True)
+            results[name] = {"error": str(exc)[-1500:]}
+    ref = results["padded_sync"].get("step_s_median")
     for res in results.values():
-        res["speedup_vs_padded_sync"] = round(ref / res["step_s_median"], 2)
+        if ref and res.get("step_s_median"):
+            res["speedup_vs_padded_sync"] = round(ref / res["step_s_median"], 2)
     return results
 
 
@@ -208,22 +236,23 @@ def bench_curve(root: Path, seeds: list[int]) -> dict:
 
 
 # --- report -------------------------------------------------------------------------------------------
-def write_report(out: dict) -> None:
+def write_report(out: dict, name: str) -> None:
     meta = out["meta"]
+    accel = f"GPU: {meta['gpu']}" if meta.get("gpu") else "CPU only"
     lines = [
         "# Throughput: packing, token-budget micro-batches, async rollout",
         "",
-        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB, CPU only (torch "
+        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB, {accel} (torch "
         f"{meta['torch']}); run {meta['date']}.  ",
-        f"Command: `.venv/bin/python benchmarks/throughput.py {meta['args']}`. Ratios are measured side by "
-        "side in this one run; absolute times are this CPU's.",
+        f"Command: `python benchmarks/throughput.py {meta['args']}`. Ratios are measured side by "
+        "side in this one run; absolute times are this machine's.",
         "",
     ]
     if "update" in out:
         u = out["update"]
         b = u["batch"]
         lines += [
-            f"## Training forward/backward of one batch ({u['model']})",
+            f"## Training forward/backward of one batch ({u['model']}, {u.get('device', 'cpu')})",
             "",
             f"{b['rows']} rows, prompts 40-70 tokens, response lengths log-normal: mean {b['response_len_mean']}, "
             f"p50 {b['response_len_p50']}, p90 {b['response_len_p90']}, max {b['response_len_max']}; "
@@ -242,12 +271,19 @@ def write_report(out: dict) -> None:
         lines += [
             "## End to end: SmolLM2 arithmetic GRPO",
             "",
+            *([f"Overrides: `{' '.join(meta['e2e_overrides'])}`.", ""] if meta.get("e2e_overrides") else []),
             "| case | steps | median step s | steps/s | speed-up | rollout s | update s | trainer waits s | max lag |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             *[
                 f"| {n} | {r['steps']} | {r['step_s_median']} | {r['steps_per_s']} | {r['speedup_vs_padded_sync']}x | "
                 f"{r['rollout_s_median']} | {r['update_s_median']} | {r['wait_s_median']} | {r['policy_lag_max']:.0f} |"
                 for n, r in out["e2e"].items()
+                if "speedup_vs_padded_sync" in r
+            ],
+            *[
+                f"- {n} failed: `{r['error'].splitlines()[-1]}`"
+                for n, r in out["e2e"].items()
+                if "error" in r
             ],
             "",
         ]
@@ -267,8 +303,8 @@ def write_report(out: dict) -> None:
             ],
             "",
         ]
-    (RESULTS_DIR / "throughput.md").write_text("\n".join(lines))
-    (RESULTS_DIR / "throughput.json").write_text(json.dumps(out, indent=1) + "\n")
+    (RESULTS_DIR / f"{name}.md").write_text("\n".join(lines))
+    (RESULTS_DIR / f"{name}.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
 def main() -> None:
@@ -286,7 +322,23 @@ def main() -> None:
     parser.add_argument("--e2e-steps", type=int, default=6)
     parser.add_argument("--curve-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--output-root", default="outputs/throughput")
+    parser.add_argument("--device", default="cpu", help="update part: cpu or cuda")
+    parser.add_argument("--update-overrides", nargs="*", default=[], help="config overrides, update part")
+    parser.add_argument(
+        "--e2e-overrides", nargs="*", default=[], help="config overrides, e2e part (e.g. trainer.device=cuda)"
+    )
+    parser.add_argument(
+        "--e2e-cases",
+        nargs="+",
+        default=[c for c in E2E_CASES if c != "packed_async"],
+        choices=list(E2E_CASES),
+    )
+    parser.add_argument(
+        "--e2e-budget", type=int, default=1024, help="tokens per micro-batch, packed e2e cases"
+    )
+    parser.add_argument("--results-name", default="throughput", help="benchmarks/results/<name>.{md,json}")
     args = parser.parse_args()
+    name = args.results_name
     root = Path(args.output_root)
     out: dict = {
         "meta": {
@@ -296,18 +348,28 @@ def main() -> None:
             "torch": torch.__version__,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "args": " ".join(sys.argv[1:]),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "e2e_overrides": args.e2e_overrides,
         }
     }
     if "update" in args.parts:
-        out["update"] = bench_update(args.model, args.rows, args.max_response, args.budget, args.reps)
-        write_report(out)
+        out["update"] = bench_update(
+            args.model,
+            args.rows,
+            args.max_response,
+            args.budget,
+            args.reps,
+            args.device,
+            args.update_overrides,
+        )
+        write_report(out, name)
     if "e2e" in args.parts:
-        out["e2e"] = bench_e2e(root, args.e2e_steps)
-        write_report(out)
+        out["e2e"] = bench_e2e(root, args.e2e_steps, args.e2e_cases, args.e2e_overrides, args.e2e_budget)
+        write_report(out, name)
     if "curve" in args.parts:
         out["curve"] = bench_curve(root, args.curve_seeds)
-        write_report(out)
-    print((RESULTS_DIR / "throughput.md").read_text())
+        write_report(out, name)
+    print((RESULTS_DIR / f"{name}.md").read_text())
 
 
 if __name__ == "__main__":

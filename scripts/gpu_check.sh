@@ -5,7 +5,10 @@
 #   imports (generation=trtllm), and benchmarks/megatron_tokens_per_s.py (~0.5B model, bf16).
 # Needs python3 with CUDA torch + transformers, and .gpu_wheels/ from scripts/gpu_wheels.sh for the
 # rest. Results and logs go to $OUT (default: ./gpu_out). Keeps going when a step fails; exit 1 then.
-#   device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu_wheels"])
+# With .gpu_model/ (a model's config + tokenizer files, e.g. SmolLM2's from the model cache; its weights
+# are too large to carry) it first runs benchmarks/throughput.py on that architecture with random
+# weights (benchmarks/random_weights.py). Each step's time limit: GPU_*_TIMEOUT (seconds).
+#   device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -30,7 +33,24 @@ fi
 pip install --quiet --no-index --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 \
   || { echo "package install failed (see install.log)"; status=1; }
 
-timeout 240 python -m pytest -q tests/gpu -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
+# Throughput levers on the GPU (docs/throughput.md): the update on a long-tailed batch, and end to end
+# sync vs async rollout (the producer on its own CUDA stream), padded and packed.
+if [ -d .gpu_model ]; then
+  model=/tmp/nemo_azr_gpu_model
+  python benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
+  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python benchmarks/throughput.py --parts update e2e --device cuda \
+    --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 --e2e-steps 6 --e2e-budget 8192 \
+    --update-overrides model.autocast_dtype=bfloat16 model.kernel_backend=torch --results-name throughput_gpu \
+    --e2e-cases padded_sync packed_sync padded_async packed_async \
+    --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 model.kernel_backend=torch \
+    --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1
+  cp benchmarks/results/throughput_gpu.* "$OUT/" 2>/dev/null
+  tail -n 25 "$OUT/throughput.log"
+fi
+
+# tests/gpu and the Triton kernel tests, which run compiled on a GPU (interpreted on CPU)
+timeout "${GPU_TEST_TIMEOUT:-240}" python -m pytest -q tests/gpu tests/unit/test_kernels_triton.py \
+  tests/unit/test_kernels_fused_loss.py tests/unit/test_policy_fused_loss.py -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
   > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/gpu_tests.log"
 
@@ -48,6 +68,6 @@ else
   echo "tensorrt_llm not importable: trtllm contract suite not run (see trtllm_tests.log)"
 fi
 
-timeout 300 python benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
+timeout "${GPU_BENCH_TIMEOUT:-300}" python benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
 tail -n 15 "$OUT/benchmark.log"
 exit $status

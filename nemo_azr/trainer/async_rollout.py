@@ -8,13 +8,16 @@ synchronous order, with the same seeds and weights, so the run equals a synchron
 
 A thread (not a process) because the hf generation backend already owns its own copy of the weights
 and torch releases the GIL inside its kernels; a push clones the policy's weights once (the trainer
-goes on training) and the producer loads the newest clone before each rollout. Each batch carries
+goes on training) and the producer loads the newest clone before each rollout. On a CUDA device the
+producer queues its kernels on a stream of its own, so generation and training kernels can run on
+the GPU at the same time rather than one after the other on the default stream. Each batch carries
 its ``policy_version``; the trainer drops one older than the lag bound (never trained on, counted).
 The off-policy gap is corrected with the rollout log-probs (``algorithm.off_policy_correction``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -73,7 +76,8 @@ class AsyncRollout:
         self.end_step = end_step
         self._done_through = start_step  # steps < this one are trained (their weights pushed)
         self._next = start_step
-        self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
+        # (version, weights, CUDA event recorded after the clone on the trainer's stream, or None)
+        self._pending: tuple[int, dict[str, torch.Tensor], torch.cuda.Event | None] | None = None
         self._cond = threading.Condition()
         self._stop = False
         self._queue: queue.Queue = queue.Queue(maxsize=max_policy_lag + 1)
@@ -86,29 +90,37 @@ class AsyncRollout:
         if self.num_threads > 0:  # torch's intra-op thread count is per calling thread
             torch.set_num_threads(self.num_threads)
         try:
-            for step in range(self._next, self.end_step):
-                with self._cond:
-                    while not self._stop and self._done_through < step - self.max_policy_lag:
-                        self._cond.wait(_POLL_S)
-                    if self._stop:
-                        return
-                    pending, self._pending = self._pending, None
-                if pending is not None:
-                    self._load(*pending)
-                seed_everything(step_seed(self.seed, step))  # the synchronous step's seed
-                rollout = self.produce(step)
-                while not self._stop:
-                    try:
-                        self._queue.put(rollout, timeout=_POLL_S)
-                        break
-                    except queue.Full:
-                        continue
+            with _own_stream(_device_of(self.backend)):
+                self._produce_all()
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer thread, raised there
             self._queue.put(_Failure(exc))
 
+    def _produce_all(self) -> None:
+        for step in range(self._next, self.end_step):
+            with self._cond:
+                while not self._stop and self._done_through < step - self.max_policy_lag:
+                    self._cond.wait(_POLL_S)
+                if self._stop:
+                    return
+                pending, self._pending = self._pending, None
+            if pending is not None:
+                self._load(*pending)
+            seed_everything(step_seed(self.seed, step))  # the synchronous step's seed
+            rollout = self.produce(step)
+            while not self._stop:
+                try:
+                    self._queue.put(rollout, timeout=_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+
     @torch.no_grad()
-    def _load(self, version: int, state: dict[str, torch.Tensor]) -> None:
+    def _load(self, version: int, state: dict[str, torch.Tensor], cloned: torch.cuda.Event | None) -> None:
+        if cloned is not None:  # the clone was queued on the trainer's stream: wait for it on ours
+            torch.cuda.current_stream().wait_event(cloned)
         self.backend.model.load_state_dict(state)
+        if cloned is not None:  # the clone's memory belongs to the trainer's stream: copy before it is freed
+            torch.cuda.current_stream().synchronize()
         self.backend.version = version
 
     # --- trainer side ------------------------------------------------------------------------------
@@ -117,8 +129,12 @@ class AsyncRollout:
         the newest push before its next rollout."""
         model = policy.model if hasattr(policy, "model") else policy
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        cloned = None
+        if any(v.is_cuda for v in state.values()):
+            cloned = torch.cuda.Event()
+            cloned.record()
         with self._cond:
-            self._pending = (version, state)
+            self._pending = (version, state, cloned)
 
     def step_done(self, step: int) -> None:
         """Step ``step`` is trained (and its weights pushed): the producer may go one step further."""
@@ -151,6 +167,22 @@ class AsyncRollout:
         self._thread.join(timeout_s)
         while not self._queue.empty():
             self._queue.get_nowait()
+
+
+def _device_of(backend) -> torch.device:
+    model = getattr(backend, "model", None)
+    if isinstance(model, torch.nn.Module):
+        param = next(model.parameters(), None)
+        if param is not None:
+            return param.device
+    return torch.device("cpu")
+
+
+def _own_stream(device: torch.device) -> contextlib.AbstractContextManager:
+    """A CUDA stream of the producer's own on a CUDA device (nothing elsewhere)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device))
 
 
 def check_lag(rollout: Rollout, policy_version: int, max_policy_lag: int, counter=None) -> Rollout:
