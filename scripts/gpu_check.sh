@@ -23,15 +23,16 @@ status=0
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-# A venv over the image's packages (torch, transformers); the carried wheels fill the gaps.
-python3 -m venv --system-site-packages /tmp/nemo_azr_gpu_env
-. /tmp/nemo_azr_gpu_env/bin/activate
+# The image's python3 is itself a venv holding torch + transformers: the carried wheels go into a folder
+# on PYTHONPATH beside it (a venv over it would not see its packages), and the repo runs from source.
+site=/tmp/nemo_azr_site
 if [ -d .gpu_wheels ]; then
-  pip install --quiet --no-index --find-links .gpu_wheels --no-deps .gpu_wheels/* >> "$OUT/install.log" 2>&1 \
-    || { echo "wheel install failed (see install.log)"; status=1; }
+  python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" .gpu_wheels/*.whl \
+    >> "$OUT/install.log" 2>&1 || { echo "wheel install failed (see install.log)"; status=1; }
 fi
-pip install --quiet --no-index --no-deps --no-build-isolation -e . >> "$OUT/install.log" 2>&1 \
-  || { echo "package install failed (see install.log)"; status=1; }
+export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
+python() { python3 "$@"; }
+nemo-azr() { python3 -m nemo_azr "$@"; }
 
 # Throughput levers on the GPU (docs/throughput.md): the update on a long-tailed batch, and end to end
 # sync vs async rollout (the producer on its own CUDA stream), padded and packed.
