@@ -31,15 +31,14 @@ if [ -d .gpu_wheels ]; then
     >> "$OUT/install.log" 2>&1 || { echo "wheel install failed (see install.log)"; status=1; }
 fi
 export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
-python() { python3 "$@"; }
-nemo-azr() { python3 -m nemo_azr "$@"; }
+
 
 # Throughput levers on the GPU (docs/throughput.md): the update on a long-tailed batch, and end to end
 # sync vs async rollout (the producer on its own CUDA stream), padded and packed.
 if [ -d .gpu_model ]; then
   model=/tmp/nemo_azr_gpu_model
-  python benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
-  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python benchmarks/throughput.py --parts update e2e --device cuda \
+  python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
+  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update e2e --device cuda \
     --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 --e2e-steps 6 --e2e-budget 8192 \
     --update-overrides model.autocast_dtype=bfloat16 model.kernel_backend=torch --results-name throughput_gpu \
     --e2e-cases padded_sync packed_sync padded_async packed_async \
@@ -50,18 +49,18 @@ if [ -d .gpu_model ]; then
 fi
 
 # tests/gpu and the Triton kernel tests, which run compiled on a GPU (interpreted on CPU)
-timeout "${GPU_TEST_TIMEOUT:-240}" python -m pytest -q tests/gpu tests/unit/test_kernels_triton.py \
+timeout "${GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q tests/gpu tests/unit/test_kernels_triton.py \
   tests/unit/test_kernels_fused_loss.py tests/unit/test_policy_fused_loss.py -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
   > "$OUT/gpu_tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/gpu_tests.log"
 
 # generation=trtllm: the backend contract suite against the real TensorRT-LLM (docs/generation.md).
-if python -c "import tensorrt_llm" >> "$OUT/trtllm_tests.log" 2>&1; then
-  NEMO_AZR_TRTLLM=real timeout 600 python -m pytest -q tests/unit/test_generation_contract.py -k trtllm \
+if python3 -c "import tensorrt_llm" >> "$OUT/trtllm_tests.log" 2>&1; then
+  NEMO_AZR_TRTLLM=real timeout 600 python3 -m pytest -q tests/unit/test_generation_contract.py -k trtllm \
     -p no:cacheprovider --junitxml="$OUT/trtllm_junit.xml" >> "$OUT/trtllm_tests.log" 2>&1 || status=1
   tail -n 15 "$OUT/trtllm_tests.log"
   # three GRPO steps with the engine: metrics.jsonl must carry the refit time and the probe gap
-  timeout 600 nemo-azr train generation=trtllm trainer.device=cuda trainer.max_steps=3 sft_warmup.steps=0 \
+  timeout 600 python3 -m nemo_azr train generation=trtllm trainer.device=cuda trainer.max_steps=3 sft_warmup.steps=0 \
     logger=quiet trainer.output_dir="$OUT/trtllm_train" >> "$OUT/trtllm_train.log" 2>&1 \
     && grep -q generation/probe_logprob_gap "$OUT/trtllm_train/metrics.jsonl" || status=1
   tail -n 5 "$OUT/trtllm_train.log"
@@ -69,6 +68,6 @@ else
   echo "tensorrt_llm not importable: trtllm contract suite not run (see trtllm_tests.log)"
 fi
 
-timeout "${GPU_BENCH_TIMEOUT:-300}" python benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
+timeout "${GPU_BENCH_TIMEOUT:-300}" python3 benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
 tail -n 15 "$OUT/benchmark.log"
 exit $status
