@@ -202,6 +202,7 @@ def bench_e2e(root: Path, steps: int, cases: list[str], overrides: list[str], bu
         try:
             overrides = [*base, *(o.format(budget=budget) for o in E2E_CASES[name])]
             results[name] = train_run(root / "e2e" / name, overrides)
+            print(json.dumps({name: results[name]}), flush=True)  # kept in the log if a later case hangs
         except SystemExit as exc:  # one failed case (its log tail kept) must not lose the others
             print(exc, flush=True)
             results[name] = {"error": str(exc)[-1500:]}

@@ -35,11 +35,11 @@ def _batch(tok, n_prompts=3, n=4, seed=0):
     return b, g
 
 
-def _update(path, cfg, tok):
-    pol = HFPolicy(path, cfg, trainable=True)
+def _update(path, cfg, tok, device="cpu"):
+    pol = HFPolicy(path, cfg, trainable=True, device=device)
     pol.setup_optimizer(total_steps=1)
     batch, g = _batch(tok)
-    lp = pol.compute_logprobs(batch)
+    lp = pol.compute_logprobs(batch).cpu()
     mask = batch["loss_mask"]
     batch["old_logprobs"] = (lp + 0.3 * torch.randn(lp.shape, generator=g)) * mask  # clip branches
     batch["ref_logprobs"] = (lp + 0.2 * torch.randn(lp.shape, generator=g)) * mask
@@ -60,6 +60,8 @@ def test_fused_update_equals_policy_objective_update(tiny_model_path, backend, m
             pytest.skip("triton was imported before TRITON_INTERPRET=1 (see tests/conftest.py)")
         monkeypatch.setenv("TRITON_INTERPRET", "1")
     tok = load_tokenizer(tiny_model_path)
+    # On a GPU the triton case runs the compiled kernels (they refuse CPU tensors there)
+    device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
     results = []
     for fused in (True, False):
         cfg = NemoAzrConfig()
@@ -73,7 +75,7 @@ def test_fused_update_equals_policy_objective_update(tiny_model_path, backend, m
         cfg.algorithm.entropy_coef = 0.01
         cfg.algorithm.kl.coef = 0.05
         cfg.algorithm.clip_ratio_c = 1.5
-        results.append(_update(tiny_model_path, cfg, tok))
+        results.append(_update(tiny_model_path, cfg, tok, device))
     (m_fused, g_fused), (m_ref, g_ref) = results
     assert m_fused.keys() == m_ref.keys()
     assert "actor/entropy" in m_fused and "actor/kl_loss" in m_fused

@@ -254,6 +254,7 @@ def build_gpt_model(
         rotary_base=_rope_theta(hf_config),
         vp_stage=vp_stage,
     )
+    _cast_floating_params(model, config.params_dtype)
     if torch.cuda.is_available():
         model.cuda(torch.cuda.current_device())
     # Remembered for the state-dict adapter and the log-prob kernel (padded rows must not count).
@@ -265,6 +266,20 @@ def build_gpt_model(
         embedding.hf_padding_idx = pad
         embedding.register_forward_hook(_pad_lookup_without_grad)
     return model
+
+
+def _cast_floating_params(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating parameter in ``dtype``, as Megatron-LM's Float16Module casts its model.
+
+    ``params_dtype`` reaches megatron's own layers only: without apex / TE the norms fall back to
+    torch's, created in float32. A bf16 model with float32 norm weights misses the fused norm kernel
+    and breaks the distributed optimizer's checkpoint, whose per-parameter state lookup assumes one
+    dtype per group (megatron-core 0.16: fp32 shards are listed before the bf16 ones). Buffers (RoPE
+    frequencies) are left alone.
+    """
+    for param in model.parameters():
+        if param.dtype.is_floating_point and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 def _pad_lookup_without_grad(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
