@@ -235,8 +235,13 @@ def test_dp2_each_replica_matches_hf_on_its_rows(two_ranks, setup):
 
 @pytest.mark.slow
 def test_tp2_pp2_four_ranks_under_torchrun_match_hf(setup):
-    tp2pp2 = [scenario(setup, "tp2pp2", "qwen2", tp=2, pp=2, micro=2)]
-    reports = launch(4, tp2pp2, setup["root"] / "four_ranks", torchrun=True)
-    reports = reports["tp2pp2"]
-    assert sorted((r["tp_rank"], r["pp_rank"]) for r in reports) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    check_reports(reports, setup["refs"]["qwen2"])
+    tp2pp2 = [
+        scenario(setup, "tp2pp2", "qwen2", tp=2, pp=2, micro=2),
+        # token-budget micro-batches of 7, 7 and 6 columns, each padded for sequence parallelism
+        scenario(setup, "tp2pp2-sp-budget", "qwen2", tp=2, pp=2, micro=2, sp=True, max_tokens=BUDGET),
+    ]
+    launched = launch(4, tp2pp2, setup["root"] / "four_ranks", torchrun=True)
+    for name in ("tp2pp2", "tp2pp2-sp-budget"):
+        reports = launched[name]
+        assert sorted((r["tp_rank"], r["pp_rank"]) for r in reports) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        check_reports(reports, setup["refs"]["qwen2"])
