@@ -152,8 +152,8 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     mini_batch_size: int = 0  # rows per optimizer step; 0 = the whole batch
     micro_batch_size: int = 32  # rows per forward/backward (gradient accumulation inside)
-    # hf: > 0 forms micro-batches by a token budget instead of micro_batch_size rows (rows x width
-    # padded, real tokens packed); exact gradient accumulation either way (docs/throughput.md).
+    # > 0 forms micro-batches by a token budget instead of micro_batch_size rows (rows x width
+    # padded, real tokens packed); hf and megatron; exact gradient accumulation (docs/throughput.md).
     max_tokens_per_microbatch: int = 0
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
     # Reweight the policy-gradient loss by pi_old / pi_rollout (the generation engine's log-probs):

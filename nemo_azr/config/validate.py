@@ -272,15 +272,14 @@ def _validate_throughput(cfg: NemoAzrConfig, megatron: bool) -> None:
         alg.max_tokens_per_microbatch >= 0,
         f"algorithm.max_tokens_per_microbatch must be >= 0 (0: micro_batch_size rows), got {alg.max_tokens_per_microbatch}",
     )
-    for key, on in (
-        ("model.sequence_packing=true", cfg.model.sequence_packing),
-        ("algorithm.max_tokens_per_microbatch > 0", alg.max_tokens_per_microbatch > 0),
-    ):
-        _require(
-            not (on and megatron),
-            f"{key} is for model.backend=hf; megatron micro-batches with its own schedule "
-            "(parallel.micro_batch_size)",
-        )
+    # Packed (thd) sequences need TransformerEngine's attention; megatron's local one refuses them
+    # (docs/decisions.md). Token-budget micro-batches work on both backends.
+    _require(
+        not (cfg.model.sequence_packing and megatron),
+        "model.sequence_packing=true is for model.backend=hf: megatron runs packed sequences only "
+        "with TransformerEngine's attention (its local attention refuses them), which this backend "
+        "does not wire up; use algorithm.max_tokens_per_microbatch (token-budget micro-batches)",
+    )
 
 
 def _validate_off_policy(cfg: NemoAzrConfig, megatron: bool) -> None:

@@ -63,6 +63,16 @@ def token_budget_groups(lengths: list[int], max_tokens: int, *, packed: bool) ->
     return [sorted(g) for g in groups]
 
 
+def row_groups(
+    lengths: list[int], *, rows: int, max_tokens: int = 0, packed: bool = False
+) -> list[list[int]]:
+    """Row indices per micro-batch of rows of real ``lengths``: consecutive pieces of ``rows`` rows
+    (``max_tokens == 0``), or :func:`token_budget_groups`."""
+    if max_tokens > 0:
+        return token_budget_groups(lengths, max_tokens, packed=packed)
+    return [list(range(s, min(s + rows, len(lengths)))) for s in range(0, len(lengths), rows)]
+
+
 @dataclass
 class MicroBatch:
     """Rows ``rows`` of a batch, trimmed: its column 0 is the source's column ``start``."""

@@ -11,8 +11,8 @@ equals the checkpoint bit for bit.
     python -m torch.distributed.run --standalone --nproc_per_node N megatron_worker.py OUT_DIR SCENARIOS_JSON
 
 SCENARIOS_JSON: a list of ``{"name", "model_dir", "batch_file", "tp", "pp", "micro_batch_size"}``
-(optional: ``"vpp"``, ``"sequence_parallel"``, and ``"logits_ids_file"``: rank 0 also reports the full
-logits of those unpadded rows).
+(optional: ``"vpp"``, ``"sequence_parallel"``, ``"max_tokens"``: token-budget micro-batches, and
+``"logits_ids_file"``: rank 0 also reports the full logits of those unpadded rows).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def run_scenario(scenario: dict) -> dict:
         data["attention_mask"][rows],
         data["position_ids"][rows],
         micro_batch_size=scenario["micro_batch_size"],
+        max_tokens=scenario.get("max_tokens", 0),
     )
     # Full logits (TP shards gathered, through the pipeline schedule): reported by global rank 0.
     logits = None

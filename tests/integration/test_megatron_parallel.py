@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 WORKER = Path(__file__).with_name("megatron_worker.py")
 ATOL = 1e-5
 TIMEOUT_S = 120
+BUDGET = 13  # algorithm.max_tokens_per_microbatch of the token-budget scenarios
 #: SmolLM2-135M's attention shape on the tiny model: 9 query heads in 3 kv groups (tied embeddings).
 GQA_TINY = {"num_heads": 9, "num_kv_heads": 3, "hidden_size": 72, "intermediate_size": 144}
 
@@ -128,8 +129,10 @@ def scenario(
     vpp: int = 0,
     sp: bool = False,
     logits: bool = False,
+    max_tokens: int = 0,
 ) -> dict:
     return {
+        "max_tokens": max_tokens,
         "logits_ids_file": setup["ids_file"] if logits else None,
         "vpp": vpp,
         "sequence_parallel": sp,
@@ -151,6 +154,10 @@ def two_ranks(setup):
         scenario(setup, "pp2-qwen2", "qwen2", tp=1, pp=2, micro=1),  # untied output layer on stage 2
         scenario(setup, "dp2-llama", "llama", tp=1, pp=1),
         scenario(setup, "vpp2-llama4", "llama4", tp=1, pp=2, micro=2, vpp=2),  # interleaved schedule
+        # token budget 13 over rows of 7, 7, 6, 4 tokens: micro-batches [1 x 7], [1 x 7], [2 x 6]
+        # (megatron's variable_seq_lengths); interleaved, a filler makes them a multiple of pp
+        scenario(setup, "pp2-llama-budget", "llama", tp=1, pp=2, micro=2, max_tokens=BUDGET),
+        scenario(setup, "vpp2-llama4-budget", "llama4", tp=1, pp=2, micro=2, vpp=2, max_tokens=BUDGET),
         # sequence parallel: 7 compacted columns, padded to 8 to split over the 2 TP ranks
         scenario(setup, "tp2sp-llama", "llama", tp=2, pp=1, sp=True),
         scenario(setup, "tp2sp-qwen2", "qwen2", tp=2, pp=1, sp=True),
@@ -206,6 +213,20 @@ def test_virtual_pipeline_matches_hf(two_ranks, setup):
     check_reports(reports, setup["refs"]["llama4"])
 
 
+@pytest.mark.parametrize(
+    ("name", "family"), [("pp2-llama-budget", "llama"), ("vpp2-llama4-budget", "llama4")]
+)
+def test_pipelined_token_budget_micro_batches_match_hf(two_ranks, setup, name, family):
+    """Micro-batches of three shapes through 1F1B and the interleaved schedule (plus a filler)."""
+    from nemo_azr.models.microbatch import token_budget_groups
+
+    lengths = torch.load(setup["batch_file"])["attention_mask"].sum(dim=1).tolist()
+    assert token_budget_groups(lengths, BUDGET, packed=False) == [[0], [1], [2, 3]]
+    reports = two_ranks[name]
+    assert sorted(r["pp_rank"] for r in reports) == [0, 1]
+    check_reports(reports, setup["refs"][family])
+
+
 def test_dp2_each_replica_matches_hf_on_its_rows(two_ranks, setup):
     reports = two_ranks["dp2-llama"]
     assert sorted(tuple(r["rows"]) for r in reports) == [(0, 2), (1, 3)]
@@ -214,8 +235,13 @@ def test_dp2_each_replica_matches_hf_on_its_rows(two_ranks, setup):
 
 @pytest.mark.slow
 def test_tp2_pp2_four_ranks_under_torchrun_match_hf(setup):
-    tp2pp2 = [scenario(setup, "tp2pp2", "qwen2", tp=2, pp=2, micro=2)]
-    reports = launch(4, tp2pp2, setup["root"] / "four_ranks", torchrun=True)
-    reports = reports["tp2pp2"]
-    assert sorted((r["tp_rank"], r["pp_rank"]) for r in reports) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    check_reports(reports, setup["refs"]["qwen2"])
+    tp2pp2 = [
+        scenario(setup, "tp2pp2", "qwen2", tp=2, pp=2, micro=2),
+        # token-budget micro-batches of 7, 7 and 6 columns, each padded for sequence parallelism
+        scenario(setup, "tp2pp2-sp-budget", "qwen2", tp=2, pp=2, micro=2, sp=True, max_tokens=BUDGET),
+    ]
+    launched = launch(4, tp2pp2, setup["root"] / "four_ranks", torchrun=True)
+    for name in ("tp2pp2", "tp2pp2-sp-budget"):
+        reports = launched[name]
+        assert sorted((r["tp_rank"], r["pp_rank"]) for r in reports) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        check_reports(reports, setup["refs"]["qwen2"])

@@ -138,10 +138,17 @@ def test_packing_rejects_positions_that_do_not_count_from_zero(tiny_cache, tiny_
         (["algorithm.max_tokens_per_microbatch=-1"], "max_tokens_per_microbatch must be >= 0"),
         (
             ["model.backend=megatron", "model.sequence_packing=true"],
-            "sequence_packing=true is for model.backend=hf",
+            "sequence_packing=true is for model.backend=hf: megatron runs packed sequences only with "
+            "TransformerEngine's attention",
         ),
     ],
 )
 def test_bad_throughput_configs(overrides, match):
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as exc:
         load_config(overrides)
+    assert "\n" not in str(exc.value)
+
+
+def test_megatron_takes_token_budget_micro_batches():
+    cfg = load_config(["model.backend=megatron", "algorithm.max_tokens_per_microbatch=512"])
+    assert cfg.algorithm.max_tokens_per_microbatch == 512

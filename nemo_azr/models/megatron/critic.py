@@ -81,6 +81,7 @@ class MegatronCritic(ValueModelMixin, MegatronPolicy):
             batch.get(F.POSITION_IDS),
             num_heads=len(self.roles),
             micro_batch_size=self.micro_batch_size,
+            max_tokens=self._max_tokens,
         )
         values = pick_role_values(per_head, batch, self.roles)
         return values * (batch[mask_key].to(values.device) > 0)

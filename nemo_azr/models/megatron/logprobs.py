@@ -16,6 +16,12 @@ Logits are never gathered: the final hidden states and this rank's shard of the 
 :func:`nemo_azr.kernels.linear_token_logprobs`, which all-reduces partial log-sum-exps over the
 tensor-parallel group. With pipeline parallelism the forward runs through megatron's schedule
 (forward only, no grad) and the result is broadcast from the last stage to every stage.
+
+Micro-batches through the pipeline schedule are row groups of the compacted batch: consecutive
+pieces of ``micro_batch_size`` rows, all of one shape (megatron's fixed p2p shape), or with
+``max_tokens > 0`` token-budget groups (``models/microbatch.py``), each trimmed to its longest row;
+micro-batches of different shapes turn on megatron's ``variable_seq_lengths`` (each send is
+preceded by its shape).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_azr.kernels import linear_token_logprobs
+from nemo_azr.models.microbatch import row_groups
 
 __all__ = [
     "VALUE_HEAD",
@@ -40,6 +47,7 @@ __all__ = [
     "value_head_outputs",
     "pad_columns",
     "pad_rows",
+    "pipeline_micro_batches",
     "run_pipeline",
 ]
 
@@ -230,16 +238,6 @@ def _forward_stage_local(
     return _hidden_to_logprobs(model, hidden, batch, temperature, chunk_size, backend, return_entropy)
 
 
-def _split(batch: CompactBatch, size: int) -> list[CompactBatch]:
-    rows = batch.input_ids.shape[0]
-    return [
-        CompactBatch(
-            batch.input_ids[i : i + size], batch.order[i : i + size], batch.targets[i : i + size], batch.width
-        )
-        for i in range(0, rows, size)
-    ]
-
-
 #: ``loss_fn(index, micro, values)`` of :func:`run_pipeline`: micro-batch ``index`` of the compacted
 #: batch and the log-probs ``[N]`` of its target positions (``[2, N]`` log-probs and entropies with
 #: ``return_entropy``) -> (scalar loss, metrics dict).
@@ -260,10 +258,53 @@ def pad_rows(batch: CompactBatch, multiple: int) -> CompactBatch:
     )
 
 
+def take_rows(batch: CompactBatch, rows: torch.Tensor, *, trim: bool, multiple: int = 1) -> CompactBatch:
+    """Rows ``rows`` of ``batch``; with ``trim`` only the columns of their longest row, right-padded
+    to a multiple of ``multiple`` (sequence parallelism splits the columns evenly)."""
+    ids, targets = batch.input_ids[rows], batch.targets[rows]
+    if trim:  # a row of n real tokens has n - 1 targets
+        width = int(targets.sum(dim=1).max()) + 1
+        ids, targets = ids[:, :width], targets[:, : width - 1]
+    return pad_columns(CompactBatch(ids, batch.order[rows], targets, batch.width), multiple)
+
+
+def pipeline_micro_batches(
+    batch: CompactBatch, groups: list[list[int]], *, trim: bool, multiple: int = 1
+) -> list[CompactBatch]:
+    """The micro-batches of ``batch`` for :func:`run_pipeline`, one per row group: each trimmed to
+    its own width (``trim``: token-budget groups, so the shapes vary), or all of the first group's
+    shape (fixed row counts: every micro-batch padded to its rows, one p2p shape)."""
+    micros = [take_rows(batch, torch.as_tensor(g), trim=trim, multiple=multiple) for g in groups]
+    return micros if trim else [pad_rows(m, len(groups[0])) for m in micros]
+
+
+def _filler_count(count: int, chunks: int) -> int:
+    """Zero-weight micro-batches to append: megatron's interleaved schedule needs a multiple of
+    ``pp`` micro-batches, which token-budget groups need not be."""
+    from megatron.core import parallel_state as ps
+
+    pp = ps.get_pipeline_model_parallel_world_size()
+    return -count % pp if chunks > 1 else 0
+
+
+@contextlib.contextmanager
+def _variable_shapes(chunks: list[torch.nn.Module], on: bool) -> Iterator[None]:
+    """megatron's ``variable_seq_lengths`` while ``on``: every p2p send is preceded by its shape
+    ``[s, b, h]``, so micro-batches may differ in rows and in columns (an extra small exchange)."""
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(chunks[0])
+    saved = config.variable_seq_lengths
+    config.variable_seq_lengths = saved or on
+    try:
+        yield
+    finally:
+        config.variable_seq_lengths = saved
+
+
 def run_pipeline(
     chunks: list[torch.nn.Module],
-    batch: CompactBatch,
-    micro_batch_size: int,
+    micros: list[CompactBatch],
     loss_fn: PipelineLossFn,
     *,
     forward_only: bool,
@@ -273,16 +314,19 @@ def run_pipeline(
     return_entropy: bool = False,
     head: HeadFn | None = None,
 ) -> list[dict[str, Any]]:
-    """Micro-batches of ``batch`` through megatron's pipeline schedule (1F1B, or interleaved with
-    virtual stages); with ``forward_only=False`` gradients accumulate in the parameters.
+    """``micros`` (:func:`pipeline_micro_batches`; every stage the same list) through megatron's
+    pipeline schedule (1F1B, or interleaved with virtual stages); with ``forward_only=False``
+    gradients accumulate in the parameters.
 
-    ``batch`` must hold a multiple of ``micro_batch_size`` rows (:func:`pad_rows`). The last stage
-    applies ``head`` (default: the log-prob head) and ``loss_fn``. Returns the metrics dicts of
-    ``loss_fn`` on the last pipeline stage (an empty list on the other stages).
+    The last stage applies ``head`` (default: the log-prob head) and ``loss_fn``. Returns the
+    metrics dicts of ``loss_fn`` on the last pipeline stage (an empty list on the other stages).
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    micros = _split(batch, micro_batch_size)
+    count = len(micros)
+    # Fillers (interleaved schedule): the smallest micro-batch's first row again, with a zero loss.
+    smallest = min(micros, key=lambda m: m.input_ids.numel())
+    micros = micros + [take_rows(smallest, torch.tensor([0]), trim=False)] * _filler_count(count, len(chunks))
     position = iter(range(len(micros)))
     data = iter(micros)
     if len(chunks) > 1:  # interleaved schedule: one iterator per chunk over the same micro-batches
@@ -301,21 +345,27 @@ def run_pipeline(
                 values = _hidden_to_logprobs(
                     stage, output, micro, temperature, chunk_size, backend, return_entropy
                 )
-            loss, metrics = loss_fn(next(position), micro, values)
+            index = next(position)
+            if index >= count:  # a filler: no loss, no gradient
+                return values.sum() * 0.0, torch.ones((), dtype=torch.int), {}
+            loss, metrics = loss_fn(index, micro, values)
             # Three outputs + config.calculate_per_token_loss: the loss is used as given.
             return loss, torch.ones((), dtype=torch.int), metrics
 
         return hidden, loss_func
 
-    return get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=data,
-        model=chunks,
-        num_microbatches=len(micros),
-        seq_length=batch.input_ids.shape[1],
-        micro_batch_size=micro_batch_size,
-        forward_only=forward_only,
-    )
+    rows, columns = micros[0].input_ids.shape
+    with _variable_shapes(chunks, len({m.input_ids.shape for m in micros}) > 1):
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=data,
+            model=chunks,
+            num_microbatches=len(micros),
+            seq_length=columns,  # the shapes megatron sends unless variable_seq_lengths
+            micro_batch_size=rows,
+            forward_only=forward_only,
+        )
+    return outputs[:count]  # the last stage's, in micro-batch order: the fillers come last
 
 
 @torch.no_grad()
@@ -325,16 +375,18 @@ def _forward_pipelined(
     temperature: float,
     chunk_size: int,
     backend: str,
-    micro_batch_size: int,
+    groups: list[list[int]],
+    trim: bool,
     head: HeadFn | None = None,
     width: int = 1,
 ) -> torch.Tensor:
-    """Forward-only pipeline schedule; ``[N]`` log-probs (or ``[width, N]`` values of ``head``) of
-    the target positions on every stage."""
+    """Forward-only pipeline schedule over the row ``groups`` of ``batch`` (``trim``: each to its
+    own width, see :func:`pipeline_micro_batches`); ``[N]`` log-probs (or ``[width, N]`` values of
+    ``head``) of the target positions on every stage."""
     from megatron.core import parallel_state as ps
 
-    rows = batch.input_ids.shape[0]
-    padded = pad_rows(batch, micro_batch_size)
+    multiple = ps.get_tensor_model_parallel_world_size() if _unwrap(chunks[0]).config.sequence_parallel else 1
+    micros = pipeline_micro_batches(batch, groups, trim=trim, multiple=multiple)
 
     def keep_logprobs(_index: int, micro: CompactBatch, values: torch.Tensor):
         values = values.float().reshape(width, -1)
@@ -344,8 +396,7 @@ def _forward_pipelined(
 
     outputs = run_pipeline(
         chunks,
-        padded,
-        micro_batch_size,
+        micros,
         keep_logprobs,
         forward_only=True,
         temperature=temperature,
@@ -353,13 +404,15 @@ def _forward_pipelined(
         backend=backend,
         head=head,
     )
-    result = torch.zeros((width, *padded.targets.shape), dtype=torch.float32, device=batch.input_ids.device)
+    result = torch.zeros((width, *batch.targets.shape), dtype=torch.float32, device=batch.input_ids.device)
     if ps.is_pipeline_last_stage(ignore_virtual=True):
-        result = torch.cat([o["logprobs"] for o in outputs], dim=1).contiguous()
+        for group, out in zip(groups, outputs):  # each micro-batch's rows and (trimmed) columns
+            dense = out["logprobs"][:, : len(group), : result.shape[-1]]
+            result[:, torch.as_tensor(group), : dense.shape[-1]] = dense
     dist.broadcast(
         result, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
     )
-    picked = torch.stack([r[:rows][batch.targets] for r in result])
+    picked = torch.stack([r[batch.targets] for r in result])
     return picked[0] if head is None else picked
 
 
@@ -386,6 +439,14 @@ def _compact_input(
     return chunks, first, batch
 
 
+def _row_groups(
+    attention_mask: torch.Tensor, micro_batch_size: int | None, max_tokens: int
+) -> list[list[int]]:
+    """Row indices of the pipelined micro-batches (default: the whole batch in one)."""
+    lengths = attention_mask.sum(dim=1).tolist()
+    return row_groups(lengths, rows=micro_batch_size or len(lengths), max_tokens=max_tokens)
+
+
 def megatron_token_logprobs(
     model: torch.nn.Module | list[torch.nn.Module],
     input_ids: torch.Tensor,
@@ -396,6 +457,7 @@ def megatron_token_logprobs(
     chunk_size: int = 1024,
     backend: str = "auto",
     micro_batch_size: int | None = None,
+    max_tokens: int = 0,
     return_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """float32 ``logprobs[B, T]`` of ``input_ids`` under this rank's megatron model (see module doc);
@@ -404,7 +466,8 @@ def megatron_token_logprobs(
 
     Every rank of the tensor/pipeline group must call it with the same batch. Without pipeline
     parallelism the result is differentiable; with it the forward runs in ``micro_batch_size``-row
-    micro-batches (default: the whole batch) through megatron's schedule, without gradients.
+    micro-batches (default: the whole batch), or token-budget ones of at most ``max_tokens``
+    (rows x width, when > 0), through megatron's schedule, without gradients.
     """
     from megatron.core import parallel_state as ps
 
@@ -417,8 +480,8 @@ def megatron_token_logprobs(
     elif return_entropy:
         raise ValueError("megatron_token_logprobs: return_entropy needs one pipeline stage")
     else:
-        mbs = micro_batch_size or input_ids.shape[0]
-        values = _forward_pipelined(chunks, batch, temperature, chunk_size, backend, mbs)
+        groups = _row_groups(attention_mask, micro_batch_size, max_tokens)
+        values = _forward_pipelined(chunks, batch, temperature, chunk_size, backend, groups, max_tokens > 0)
     return batch.restore(values)[:, :width]
 
 
@@ -430,11 +493,13 @@ def megatron_token_values(
     *,
     num_heads: int = 1,
     micro_batch_size: int | None = None,
+    max_tokens: int = 0,
 ) -> torch.Tensor:
     """float32 ``values[num_heads, B, T]`` of a critic's value head (``GPTModel.value_head`` on the
     last stage): column ``t`` is the head at the position that predicts token ``t``, aligned like
     :func:`megatron_token_logprobs` (0 at column 0 and on padding). Differentiable without pipeline
-    parallelism; with it a no-grad forward whose result every stage receives."""
+    parallelism; with it a no-grad forward (micro-batched like :func:`megatron_token_logprobs`)
+    whose result every stage receives."""
     from megatron.core import parallel_state as ps
 
     chunks, first, batch = _compact_input(model, input_ids, attention_mask, position_ids)
@@ -442,8 +507,8 @@ def megatron_token_values(
     if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
         values = _forward_stage_local(first, batch, 1.0, 1, "torch", head=value_head_outputs)
     else:
-        mbs = micro_batch_size or input_ids.shape[0]
+        groups = _row_groups(attention_mask, micro_batch_size, max_tokens)
         values = _forward_pipelined(
-            chunks, batch, 1.0, 1, "torch", mbs, head=value_head_outputs, width=num_heads
+            chunks, batch, 1.0, 1, "torch", groups, max_tokens > 0, head=value_head_outputs, width=num_heads
         )
     return torch.stack([batch.restore(v)[:, :width] for v in values.reshape(num_heads, -1)])

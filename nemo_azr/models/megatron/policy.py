@@ -14,6 +14,13 @@ data-parallel group (one all-reduce) gives exactly the one-process gradient. Wit
 parallelism a rank's rows go through megatron's schedule (1F1B / interleaved) in
 ``parallel.micro_batch_size``-row micro-batches; the last stage computes the loss.
 
+With ``algorithm.max_tokens_per_microbatch > 0`` each rank groups its rows by that token budget
+instead (``models/microbatch.py``; the cost of a micro-batch is rows x its longest row, which is what
+megatron runs after moving each row's real tokens to the front), on one stage and through the
+pipeline schedule (micro-batches of varying shapes: ``logprobs.run_pipeline``). Data-parallel ranks
+may then run different numbers of micro-batches: the only data-parallel collectives (gradient
+all-reduce / reduce-scatter, metrics) come after a rank's last micro-batch.
+
 With ``parallel.distributed_optimizer`` the chunks are wrapped in megatron's DDP and stepped by its
 ``DistributedOptimizer`` (``distributed_optimizer.py``): gradients land in DDP's buffers and are
 reduce-scattered, each data-parallel rank steps its slice of the AdamW state.
@@ -58,9 +65,10 @@ from nemo_azr.models.megatron.logprobs import (
     compact_rows,
     megatron_token_logprobs,
     pad_columns,
-    pad_rows,
+    pipeline_micro_batches,
     run_pipeline,
 )
+from nemo_azr.models.microbatch import real_lengths, row_groups
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import SUMMED_METRICS, PPOUpdateMixin, add_micro_metrics
 from nemo_azr.registry import POLICY_BACKENDS
@@ -192,6 +200,14 @@ class MegatronPolicy(PPOUpdateMixin):
         rank, size = self._dp()
         return torch.arange(rank, rows, size)
 
+    def micro_batch_rows(self) -> int:
+        """Rows per micro-batch without a token budget: ``parallel.micro_batch_size`` (resolved)."""
+        return self.micro_batch_size
+
+    @property
+    def _max_tokens(self) -> int:
+        return self.cfg.algorithm.max_tokens_per_microbatch
+
     # --- optimisation set-up ----------------------------------------------------------------------
     def setup_optimizer(self, total_steps: int) -> None:
         if self.ddp_chunks is not None:  # each data-parallel rank keeps 1/dp of the AdamW state
@@ -258,6 +274,7 @@ class MegatronPolicy(PPOUpdateMixin):
             chunk_size=self.chunk_size,
             backend=self.kernel_backend,
             micro_batch_size=self.micro_batch_size,
+            max_tokens=self._max_tokens,
             return_entropy=return_entropy,
         )
         lp, entropy = out if return_entropy else (out, None)
@@ -275,9 +292,8 @@ class MegatronPolicy(PPOUpdateMixin):
         mine = batch.index(rows)
         if self._pipelined:  # the schedule micro-batches itself (and pipelines the micro-batches)
             local = self.token_logprobs(mine) if len(mine) else torch.zeros(0, batch.seq_len)
-        else:
-            parts = [self.token_logprobs(mb) for mb in mine.split(self.micro_batch_size)]
-            local = torch.cat(parts) if parts else torch.zeros(0, batch.seq_len)
+        else:  # by rows or by the token budget (PPOUpdateMixin.micro_batches)
+            local = self.no_grad_pass(mine, self.token_logprobs)
         self.model.train(was_training)
         local = local.float().cpu()
         _, dp = self._dp()
@@ -319,7 +335,7 @@ class MegatronPolicy(PPOUpdateMixin):
         mine = mb.index(self._my_rows(len(mb)))
         metrics: dict[str, float] = defaultdict(float)
         if len(mine) and not self._pipelined:
-            for micro in mine.split(self.micro_batch_size):
+            for micro in (m.batch for m in self.micro_batches(mine)):
                 out = self.token_logprobs(micro, return_entropy=entropy)
                 loss, m = loss_fn(micro, *(out if entropy else (out, None)))
                 loss.backward()
@@ -349,12 +365,16 @@ class MegatronPolicy(PPOUpdateMixin):
         """Forward/backward of ``rows`` through megatron's pipeline schedule; metrics on every stage."""
         from megatron.core import parallel_state as ps
 
-        mbs = self.micro_batch_size
         compact = compact_rows(rows[F.INPUT_IDS], rows[F.ATTENTION_MASK], rows.get(F.POSITION_IDS))
-        if self.layout.sequence_parallel:  # the sequence splits evenly over the TP ranks
-            compact = pad_columns(compact, self.layout.tp)
-        compact = pad_rows(compact, mbs)  # every micro-batch has mbs rows (fixed p2p shapes)
-        micros = [rows.index(torch.arange(i, min(i + mbs, len(rows)))) for i in range(0, len(rows), mbs)]
+        multiple = self.layout.tp if self.layout.sequence_parallel else 1  # even sequence split
+        compact = pad_columns(compact, multiple)
+        groups = row_groups(
+            real_lengths(rows).tolist(), rows=self.micro_batch_size, max_tokens=self._max_tokens
+        )
+        # Fixed rows: every micro-batch has micro_batch_size rows (one p2p shape); token budget: each
+        # has its own rows and width.
+        compacts = pipeline_micro_batches(compact, groups, trim=self._max_tokens > 0, multiple=multiple)
+        micros = [rows.index(g) for g in groups]
         width = rows.seq_len
 
         def pipeline_loss(index: int, micro: CompactBatch, values: torch.Tensor):
@@ -368,8 +388,7 @@ class MegatronPolicy(PPOUpdateMixin):
 
         outputs = run_pipeline(
             self.chunks,
-            compact,
-            mbs,
+            compacts,
             pipeline_loss,
             forward_only=False,
             temperature=self.temperature,

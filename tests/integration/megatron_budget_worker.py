@@ -1,0 +1,74 @@
+"""One rank of the megatron token-budget checks (run by test_megatron_token_budget.py under torchrun
+over gloo, 2 processes; the test also calls :func:`run_variant` itself on one process).
+
+For each variant of the spec (name -> overrides: the layout and ``algorithm.max_tokens_per_microbatch``)
+every rank builds a ``MegatronPolicy`` and a ``MegatronCritic`` from the same HF folder and runs, on
+the spec's fixed batch: the no-grad log-probs, a policy update, the critic's values, a critic update
+and its values after. Rank 0 writes the results to ``OUT/<name>.pt``; every rank writes the
+``[rows, columns]`` of each micro-batch its first model chunk ran in the policy update to
+``OUT/<name>_shapes<rank>.json``.
+
+    python -m torch.distributed.run --standalone --nproc_per_node 2 megatron_budget_worker.py OUT SPEC
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def run_variant(model_path: str, overrides: list[str], tensors: dict[str, torch.Tensor]) -> dict:
+    """The variant's results (identical on every rank) and the micro-batch shapes of the update."""
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.contracts import Batch
+    from nemo_azr.contracts import fields as F
+    from nemo_azr.models.megatron.critic import MegatronCritic
+    from nemo_azr.models.megatron.policy import MegatronPolicy
+
+    cfg = load_config(overrides)
+    policy = MegatronPolicy(model_path, cfg)
+    critic = MegatronCritic(model_path, cfg)
+    policy.setup_optimizer(total_steps=4)
+    critic.setup_optimizer(total_steps=4)
+    batch = Batch({k: v for k, v in tensors.items() if k != "old_noise"})
+    norm_length = batch.seq_len
+    logprobs = policy.compute_logprobs(batch)
+    batch.tensors[F.OLD_LOGPROBS] = logprobs + tensors["old_noise"] * batch[F.LOSS_MASK]
+    shapes: list[list[int]] = []
+    hook = policy.chunks[0].register_forward_pre_hook(lambda _m, args: shapes.append(list(args[0].shape)))
+    policy_metrics = policy.update(batch, norm_length=norm_length)
+    hook.remove()
+    values = critic.compute_values(batch)
+    batch.tensors[F.VALUES] = values
+    critic_metrics = critic.update(batch, norm_length=norm_length)
+    return {
+        "logprobs": logprobs,
+        "policy_metrics": policy_metrics,
+        "weights": policy.export_hf_state_dict(),
+        "values": values,
+        "critic_metrics": critic_metrics,
+        "values_after": critic.compute_values(batch),
+        "shapes": shapes,
+    }
+
+
+def main(out_dir: str, spec_file: str) -> None:
+    out = Path(out_dir)
+    spec = json.loads(Path(spec_file).read_text())
+    tensors = torch.load(spec["batch_file"])
+    for name, extra in spec["variants"].items():
+        result = run_variant(spec["model_path"], [*spec["overrides"], *extra], tensors)
+        shapes = result.pop("shapes")
+        (out / f"{name}_shapes{dist.get_rank()}.json").write_text(json.dumps(shapes))
+        if dist.get_rank() == 0:
+            torch.save(result, out / f"{name}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
