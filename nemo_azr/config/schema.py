@@ -320,6 +320,9 @@ class RLCRConfig:
     accuracy_weight: float = 1.0
     brier_weight: float = 1.0
     warmup_wrong_frac: float = 0.3  # share of deliberately wrong answers in the warm-up targets
+    # two-turn: false trains only the confidence turn in the warm-up (its format and a spread of
+    # values), leaving the answer turn to the instruct model's own answers
+    warmup_answer_turn: bool = True
 
 
 @dataclass

@@ -184,7 +184,8 @@ class TwoTurnRLCRWorkflow:
     # --- supervised warm-up ------------------------------------------------------------------------
     def sft_pairs(self, examples: Sequence[Example]) -> list[tuple[list[int], list[int]]]:
         """(prompt ids, target ids + eos) for both turns of each example: a templated answer (some
-        deliberately wrong) and, in the conversation that contains it, a templated confidence turn."""
+        deliberately wrong) and, in the conversation that contains it, a templated confidence turn.
+        ``rlcr.warmup_answer_turn=false``: the confidence turn's pair only."""
         tok, rng = self.tokenizer, self._warmup_rng
         pairs = []
         for ex in examples:
@@ -193,7 +194,8 @@ class TwoTurnRLCRWorkflow:
                 tok,
                 answer_target(ex, rng, wrong_frac=self.settings.warmup_wrong_frac, pool=self.task.examples),
             )
-            pairs.append((prompt, answer))
+            if self.settings.warmup_answer_turn:
+                pairs.append((prompt, answer))
             context = continue_conversation(prompt, answer, self.suffix_ids, tok.eos_token_id)
             pairs.append((context, _target_ids(tok, confidence_target(rng))))
         return pairs

@@ -277,3 +277,17 @@ def test_two_turn_prompts_use_the_models_chat_template_with_format_and_demonstra
     # the answer's ids are kept exactly as sampled inside the turn-2 context
     answer_ids = bracket(answer, add_special_tokens=False)["input_ids"]
     assert turn2[0][len(turn1[0]) : len(turn1[0]) + len(answer_ids)] == answer_ids
+
+
+def test_sft_pairs_confidence_turn_only(tok, tiny_cache):
+    """rlcr.warmup_answer_turn=false: only the confidence turn's pairs, in the same conversations."""
+    examples = ArithmeticTask(_cfg(tiny_cache).data).examples[:12]
+    both = TwoTurnRLCRWorkflow(ArithmeticTask(_cfg(tiny_cache).data), tok, _cfg(tiny_cache)).sft_pairs(
+        examples
+    )
+    cfg = _cfg(tiny_cache, "rlcr.warmup_answer_turn=false")
+    only = TwoTurnRLCRWorkflow(ArithmeticTask(cfg.data), tok, cfg).sft_pairs(examples)
+    assert only == both[1::2]  # same seed: the confidence pairs of the both-turn warm-up, in order
+    for context, target in only:
+        assert "<confidence>" in tok.decode(target, skip_special_tokens=True)
+        assert "<answer>" in tok.decode(context, skip_special_tokens=True)
