@@ -2,11 +2,12 @@
 over gloo, 2 processes; the test also calls :func:`run_variant` itself on one process).
 
 For each variant of the spec (name -> overrides: the layout and ``algorithm.max_tokens_per_microbatch``)
-every rank builds a ``MegatronPolicy`` and a ``MegatronCritic`` from the same HF folder and runs, on
-the spec's fixed batch: the no-grad log-probs, a policy update, the critic's values, a critic update
-and its values after. Rank 0 writes the results to ``OUT/<name>.pt``; every rank writes the
-``[rows, columns]`` of each micro-batch its first model chunk ran in the policy update to
-``OUT/<name>_shapes<rank>.json``.
+every rank builds a ``MegatronPolicy`` and a ``MegatronCritic`` from the same HF folder (the spec's
+``model_path``, or ``models[name]`` where given) and runs, on the spec's fixed batch: the no-grad
+log-probs, a policy update, the critic's values, a critic update and its values after. Rank 0 writes
+the results to ``OUT/<name>.pt``; every rank writes the ``[rows, columns]`` of each micro-batch its
+first model chunk ran in the policy update (the interleaved schedule's filler micro-batches
+included) to ``OUT/<name>_shapes<rank>.json``.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 megatron_budget_worker.py OUT SPEC
 """
@@ -61,7 +62,8 @@ def main(out_dir: str, spec_file: str) -> None:
     spec = json.loads(Path(spec_file).read_text())
     tensors = torch.load(spec["batch_file"])
     for name, extra in spec["variants"].items():
-        result = run_variant(spec["model_path"], [*spec["overrides"], *extra], tensors)
+        model_path = spec.get("models", {}).get(name, spec["model_path"])
+        result = run_variant(model_path, [*spec["overrides"], *extra], tensors)
         shapes = result.pop("shapes")
         (out / f"{name}_shapes{dist.get_rank()}.json").write_text(json.dumps(shapes))
         if dist.get_rank() == 0:

@@ -2,11 +2,13 @@
 (first-fit decreasing, each its own rows and width) give the update of the default fixed-row
 micro-batches: same no-grad log-probs, policy losses, grad norm and updated weights, and the same
 critic values and critic update. On one process (TP=1), and over gloo (torchrun, 2 processes) at DP=2,
-where the two ranks run 2 and 4 micro-batches (also with the distributed optimizer), and at PP=2,
-where the pipeline schedule sends micro-batches of five shapes.
+where the two ranks run 2 and 4 micro-batches (also with the distributed optimizer), at PP=2,
+where the pipeline schedule sends micro-batches of five shapes, and at PP=2 with two virtual stages
+(a 4-layer model): megatron's interleaved schedule needs a multiple of pp micro-batches, so after the
+five budget micro-batches it runs a filler one, which must add no loss and no gradient.
 
 The forward-only pipelined passes with a budget (1F1B, and the interleaved schedule with a filler
-micro-batch) are checked against HF log-probs in test_megatron_parallel.py.
+micro-batch) are also checked against HF log-probs in test_megatron_parallel.py.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ TWO_PROCESS = {  # name -> (overrides, data-parallel size)
     "pp2_rows": (["parallel=tp1pp2"], 1),
     "pp2_budget": (["parallel=tp1pp2", f"algorithm.max_tokens_per_microbatch={BUDGET}"], 1),
 }
+# The interleaved schedule (2 stages x 2 virtual stages: one layer per chunk) on a 4-layer model.
+FOUR_LAYERS = "model.tiny.num_layers=4"  # what the layout checks see (the weights: four_layer_model_path)
+VPP = [FOUR_LAYERS, "parallel=tp1pp2", "parallel.virtual_pipeline_model_parallel_size=2"]
+VIRTUAL = {  # name -> overrides, run in the same two processes
+    "vpp2_rows": VPP,
+    "vpp2_budget": [*VPP, f"algorithm.max_tokens_per_microbatch={BUDGET}"],
+}
 
 
 def overrides(cache: str) -> list[str]:
@@ -93,6 +102,22 @@ def batch(tiny_model_path) -> dict[str, torch.Tensor]:
 def reference(tiny_model_path, tiny_cache, batch) -> dict:
     """One process, the default micro-batches of ``ROWS`` rows."""
     return run_variant(str(tiny_model_path), [*overrides(tiny_cache), "parallel=tp1pp1"], batch)
+
+
+@pytest.fixture(scope="module")
+def four_layer_model_path(tiny_cache) -> Path:
+    """The tiny model with 4 layers (pp=2 x 2 virtual stages), same vocabulary."""
+    from nemo_azr.config.schema import TinyModelConfig
+    from nemo_azr.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(TinyModelConfig(num_layers=4, cache_dir=tiny_cache))
+
+
+@pytest.fixture(scope="module")
+def reference_four_layers(four_layer_model_path, tiny_cache, batch) -> dict:
+    """:func:`reference` of the 4-layer model."""
+    layout = [*overrides(tiny_cache), FOUR_LAYERS, "parallel=tp1pp1"]
+    return run_variant(str(four_layer_model_path), layout, batch)
 
 
 def expected_shapes(rows: list[int], budget: int) -> list[list[int]]:
@@ -145,13 +170,14 @@ def test_single_process_token_budget_matches_row_micro_batches(reference, tiny_m
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tiny_model_path, tiny_cache, batch, tmp_path_factory) -> Path:
+def two_process_run(tiny_model_path, four_layer_model_path, tiny_cache, batch, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("megatron_budget")
     torch.save(batch, out / "batch.pt")
     spec = {
         "model_path": str(tiny_model_path),
         "overrides": overrides(tiny_cache),
-        "variants": {name: extra for name, (extra, _) in TWO_PROCESS.items()},
+        "variants": {**{name: extra for name, (extra, _) in TWO_PROCESS.items()}, **VIRTUAL},
+        "models": dict.fromkeys(VIRTUAL, str(four_layer_model_path)),
         "batch_file": str(out / "batch.pt"),
     }
     (out / "spec.json").write_text(json.dumps(spec))
@@ -181,3 +207,20 @@ def test_two_process_token_budget_matches_row_micro_batches(name, two_process_ru
     if budget and dp == 2:  # the data-parallel ranks run different numbers of micro-batches
         assert [len(expected_shapes(list(range(r, 8, 2)), budget)) for r in (0, 1)] == [2, 4]
     assert_same_update(torch.load(two_process_run / f"{name}.pt"), reference)
+
+
+@pytest.mark.parametrize("name", list(VIRTUAL))
+def test_interleaved_schedule_update_matches_row_micro_batches(name, two_process_run, reference_four_layers):
+    """A policy and critic update through megatron's interleaved schedule. Fixed rows: four
+    micro-batches of one shape. A budget: five micro-batches (not a multiple of pp=2) of five shapes,
+    then a filler, one row of the smallest of them, whose loss and gradient must be zero: the update
+    is still the one-process fixed-row update."""
+    if name == "vpp2_rows":
+        want = [[ROWS, max(LENGTHS)]] * 4
+    else:
+        want = expected_shapes(list(range(8)), BUDGET)
+        assert len(want) == 5
+        want = [*want, [1, min(want, key=lambda s: s[0] * s[1])[1]]]  # the filler: [1, 14]
+    for rank in range(2):  # every stage runs every micro-batch (filler included) on its first chunk
+        assert json.loads((two_process_run / f"{name}_shapes{rank}.json").read_text()) == want, rank
+    assert_same_update(torch.load(two_process_run / f"{name}.pt"), reference_four_layers)

@@ -159,6 +159,12 @@ def transformer_config_from_hf(hf_config: Any, layout: ParallelLayout, *, dtype:
         virtual_pipeline_model_parallel_size=layout.vpp or None,
         sequence_parallel=layout.sequence_parallel,
         pipeline_dtype=dtype,
+        # The interleaved schedule: forward and backward sends in separate exchanges (Megatron-LM's
+        # default with virtual stages). The batched default sends a stage's activation and gradient
+        # in one exchange; at pp=2 both go to the same peer, which receives them swapped (and their
+        # shapes, with variable_seq_lengths): a wrong update, or a shape error (Megatron-LM #1450).
+        overlap_p2p_comm=bool(layout.vpp),
+        batch_p2p_comm=not layout.vpp,
         params_dtype=dtype,
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
