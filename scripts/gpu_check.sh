@@ -8,7 +8,7 @@
 # With .gpu_model/ (a model's config + tokenizer files, e.g. SmolLM2's from the model cache; its weights
 # are too large to carry) it first runs benchmarks/throughput.py on that architecture with random
 # weights (benchmarks/random_weights.py). Each step's time limit: GPU_*_TIMEOUT (seconds).
-#   device tool: run(command="bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
+#   device tool: run(command="GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
@@ -38,13 +38,19 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d .gpu_model ]; then
   model=/tmp/nemo_azr_gpu_model
   python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
-  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update e2e --device cuda \
-    --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 --e2e-steps 6 --e2e-budget 8192 \
+  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update --device cuda \
+    --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 \
     --update-overrides model.autocast_dtype=bfloat16 model.kernel_backend=torch --results-name throughput_gpu \
-    --e2e-cases padded_sync packed_sync padded_async packed_async \
-    --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 model.kernel_backend=torch \
+    >> "$OUT/throughput.log" 2>&1 || status=1
+  # End to end at 512 responses per step (with 64, generation is 92% of the step and async can only
+  # hide the small update): results/throughput_gpu_large.md
+  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
+    --e2e-budget 8192 --results-name throughput_gpu_large \
+    --e2e-cases padded_sync padded_async packed_sync packed_async \
+    --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 \
+    model.kernel_backend=torch data.prompts_per_step=64 generation.n_samples=8 \
     --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1
-  cp benchmarks/results/throughput_gpu.* "$OUT/" 2>/dev/null
+  cp benchmarks/results/throughput_gpu*.* "$OUT/" 2>/dev/null
   tail -n 25 "$OUT/throughput.log"
 fi
 
@@ -70,4 +76,8 @@ fi
 
 timeout "${GPU_BENCH_TIMEOUT:-300}" python3 benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
 tail -n 15 "$OUT/benchmark.log"
+# GPU_CHECK_PACK=1: everything in $OUT as one archive (the device tool returns at most 8 files)
+if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then
+  tar czf /tmp/gpu_check_out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu_check_out.tgz "$OUT/"
+fi
 exit $status
