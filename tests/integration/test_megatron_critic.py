@@ -5,9 +5,6 @@ metrics, and a TP=2 checkpoint of the critic loads at PP=2 with the same values.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +17,7 @@ from nemo_azr.config.loader import load_config  # noqa: E402
 from nemo_azr.contracts import Batch  # noqa: E402
 from nemo_azr.trainer.sft import run_sft_warmup  # noqa: E402
 from nemo_azr.trainer.trainer import Trainer  # noqa: E402
+from tests.integration.torchrun import run_torchrun_worker  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -136,16 +134,7 @@ def two_process_run(reference, warm, tiny_cache, tmp_path_factory) -> Path:
         "steps": STEPS,
         "batch_file": str(reference[0] / "batch.pt"),
     }
-    (out / "spec.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run(
-        [*cmd, str(WORKER), str(out), str(out / "spec.json")],
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun_worker(WORKER, out, spec, timeout=600)
     return out
 
 

@@ -14,9 +14,6 @@ micro-batch) are also checked against HF log-probs in test_megatron_parallel.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from nemo_azr.contracts import fields as F  # noqa: E402
 from nemo_azr.models.microbatch import token_budget_groups  # noqa: E402
 from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
 from tests.integration.megatron_budget_worker import run_variant  # noqa: E402
+from tests.integration.torchrun import run_torchrun_worker  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -180,16 +178,7 @@ def two_process_run(tiny_model_path, four_layer_model_path, tiny_cache, batch, t
         "models": dict.fromkeys(VIRTUAL, str(four_layer_model_path)),
         "batch_file": str(out / "batch.pt"),
     }
-    (out / "spec.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    proc = subprocess.run(
-        [*cmd, str(WORKER), str(out), str(out / "spec.json")],
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun_worker(WORKER, out, spec, timeout=300)
     return out
 
 

@@ -6,9 +6,6 @@ log-probs as the HF export of that checkpoint."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,7 @@ from nemo_azr.errors import ConfigError  # noqa: E402
 from nemo_azr.trainer.metrics import read_metrics  # noqa: E402
 from nemo_azr.trainer.sft import run_sft_warmup  # noqa: E402
 from nemo_azr.trainer.trainer import Trainer  # noqa: E402
+from tests.integration.torchrun import run_torchrun_worker  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -199,17 +197,7 @@ def layouts_run(hf_step, warm_model, tiny_cache, tmp_path_factory):
 
 def run_layouts_worker(out: Path, spec: dict, *, nproc: int) -> None:
     """One torchrun launch of megatron_layouts_worker.py with ``spec`` (written to ``out/spec.json``)."""
-    (out / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    proc = subprocess.run(
-        [*cmd, str(LAYOUTS_WORKER), str(out), str(out / "spec.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_torchrun_worker(LAYOUTS_WORKER, out, spec, nproc=nproc, timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("extra,name", [(extra, name) for _, extra, name in STEP_VARIANTS], ids=str)
