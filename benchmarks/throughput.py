@@ -12,9 +12,12 @@ Three parts, all on this machine (CPU) in one invocation:
    as one packed sequence). Training tokens/s = real (prompt + response) tokens / forward+backward time.
 2. ``e2e``: ``nemo-azr train`` on the SmolLM2 arithmetic experiment for ``--e2e-steps`` steps, each of
    {padded, packed} x {sync, async lag 1 with TIS} (async also with the cores split between the
-   rollout and training threads); end-to-end steps/s from the median step time (the first step,
+   rollout and training threads, and with the decode loop in a process of its own:
+   ``rollout.async_generation=process``); ``--e2e-experiment default`` trains the default job (tiny
+   model) instead; end-to-end steps/s from the median step time (the first step,
    start-up, left out).
-3. ``curve``: the default job (tiny model, 400 steps) synchronous vs async lag 1 with TIS, same seeds
+3. ``curve``: the default job (tiny model, 400 steps) synchronous vs async lag 1 with TIS (thread and
+   process), same seeds
    (``--curve-seeds``) and samples: the training reward of the first / last 50 steps, and its spread
    over seeds as the noise yardstick.
 
@@ -71,16 +74,20 @@ E2E_CASES = {
     "padded_async_split": [*ASYNC, *SPLIT_THREADS],
     "packed_async": [*PACKED, *ASYNC],
     "packed_async_split": [*PACKED, *ASYNC, *SPLIT_THREADS],
+    # the decode loop in a process of its own (its own GIL); the cores split between the two processes
+    "padded_async_process": [*ASYNC, "rollout.async_generation=process", *SPLIT_THREADS],
+    "packed_async_process": [*PACKED, *ASYNC, "rollout.async_generation=process", *SPLIT_THREADS],
 }
 CURVE_CASES = {
     "sync": [],
-    "async_lag1_tis": [
-        "rollout.async_rollout=true",
-        "rollout.max_policy_lag=1",
-        "algorithm.off_policy_correction=tis",
-    ],
+    "async_lag1_tis": ASYNC,
+    "async_lag1_tis_process": [*ASYNC, "rollout.async_generation=process", *SPLIT_THREADS],
 }
 CURVE_WINDOW = 50
+E2E_TITLES = {
+    "arithmetic_grpo_smollm2": "SmolLM2 arithmetic GRPO",
+    "default": "the default job (tiny model, arithmetic GRPO)",
+}
 
 
 # --- part 1: the update on a long-tailed batch -----------------------------------------------------------
@@ -189,9 +196,11 @@ def train_run(out: Path, overrides: list[str]) -> dict:
     }
 
 
-def bench_e2e(root: Path, steps: int, cases: list[str], overrides: list[str], budget: int) -> dict:
+def bench_e2e(
+    root: Path, steps: int, cases: list[str], overrides: list[str], budget: int, experiment: str
+) -> dict:
     base = [
-        "experiment=arithmetic_grpo_smollm2",
+        *([f"experiment={experiment}"] if experiment != "default" else []),
         "logger.console_samples=false",
         f"trainer.max_steps={steps}",
         *overrides,
@@ -270,7 +279,7 @@ def write_report(out: dict, name: str) -> None:
         ]
     if "e2e" in out:
         lines += [
-            "## End to end: SmolLM2 arithmetic GRPO",
+            f"## End to end: {E2E_TITLES.get(meta.get('e2e_experiment', ''), meta.get('e2e_experiment'))}",
             "",
             *([f"Overrides: `{' '.join(meta['e2e_overrides'])}`.", ""] if meta.get("e2e_overrides") else []),
             "| case | steps | median step s | steps/s | speed-up | rollout s | update s | trainer waits s | max lag |",
@@ -331,11 +340,16 @@ def main() -> None:
     parser.add_argument(
         "--e2e-cases",
         nargs="+",
-        default=[c for c in E2E_CASES if c != "packed_async"],
+        default=[c for c in E2E_CASES if c not in ("packed_async", "packed_async_process")],
         choices=list(E2E_CASES),
     )
     parser.add_argument(
         "--e2e-budget", type=int, default=1024, help="tokens per micro-batch, packed e2e cases"
+    )
+    parser.add_argument(
+        "--e2e-experiment",
+        default="arithmetic_grpo_smollm2",
+        help="e2e part: the experiment trained ('default': the default job, tiny model)",
     )
     parser.add_argument("--results-name", default="throughput", help="benchmarks/results/<name>.{md,json}")
     args = parser.parse_args()
@@ -351,6 +365,7 @@ def main() -> None:
             "args": " ".join(sys.argv[1:]),
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "e2e_overrides": args.e2e_overrides,
+            "e2e_experiment": args.e2e_experiment,
         }
     }
     if "update" in args.parts:
@@ -365,7 +380,9 @@ def main() -> None:
         )
         write_report(out, name)
     if "e2e" in args.parts:
-        out["e2e"] = bench_e2e(root, args.e2e_steps, args.e2e_cases, args.e2e_overrides, args.e2e_budget)
+        out["e2e"] = bench_e2e(
+            root, args.e2e_steps, args.e2e_cases, args.e2e_overrides, args.e2e_budget, args.e2e_experiment
+        )
         write_report(out, name)
     if "curve" in args.parts:
         out["curve"] = bench_curve(root, args.curve_seeds)

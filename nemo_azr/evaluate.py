@@ -83,6 +83,7 @@ def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
     out = copy.deepcopy(cfg)
     answers = 1 if cfg.eval.greedy else cfg.eval.answers_per_prompt
     out.rlcr.num_generations_answer = answers
+    out.rlcr.answer_decoding = "sample"  # eval decoding follows eval.greedy, not the training turn's
     out.rlcr.num_generations_confidence = 1 if cfg.eval.greedy else cfg.eval.confidences_per_answer
     out.generation.n_samples = answers
     return out

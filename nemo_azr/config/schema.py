@@ -121,7 +121,12 @@ class RolloutConfig:
     # synchronous on-policy steps.
     async_rollout: bool = False
     max_policy_lag: int = 1  # async: a batch is trained at most this many policy versions after its rollout
-    async_threads: int = 0  # async: torch intra-op threads of the rollout thread; 0: as the trainer's
+    async_threads: int = (
+        0  # async: torch intra-op threads of the rollout thread (or process); 0: as the trainer's
+    )
+    # async: where the decode loop runs. thread: in the trainer's process (one GIL for both); process:
+    # a spawned process of its own, weights shared with the trainer (rollout/process_backend.py)
+    async_generation: str = "thread"
 
 
 @dataclass
@@ -323,6 +328,10 @@ class RLCRConfig:
     # two-turn: false trains only the confidence turn in the warm-up (its format and a spread of
     # values), leaving the answer turn to the instruct model's own answers
     warmup_answer_turn: bool = True
+    # two-turn answer turn: "sample" (G_a answers at generation.temperature, trained on accuracy) or
+    # "greedy" (one argmax answer per prompt, not trained: only the confidence turn learns, on the
+    # answers a greedy evaluation scores; needs num_generations_answer=1)
+    answer_decoding: str = "sample"
 
 
 @dataclass

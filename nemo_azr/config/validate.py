@@ -303,6 +303,7 @@ def _validate_off_policy(cfg: NemoAzrConfig, megatron: bool) -> None:
         ro.async_threads >= 0,
         f"rollout.async_threads must be >= 0 (0: the trainer's), got {ro.async_threads}",
     )
+    _one_of("rollout.async_generation", ro.async_generation, ASYNC_GENERATIONS)
     if not ro.async_rollout:
         return
     _require(
@@ -359,6 +360,8 @@ def _rows_per_step(cfg: NemoAzrConfig) -> tuple[int, str]:
     )
 
 
+ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding
+ASYNC_GENERATIONS = ("thread", "process")  # rollout.async_generation
 DEMONSTRATION_ROLES = ("user", "assistant")
 GENERATED_TASKS = ("arithmetic", "synthetic_qa")  # built from the config alone (no files to read)
 
@@ -412,10 +415,19 @@ def _validate_rlcr(cfg: NemoAzrConfig) -> None:
             f"rollout.workflow={wf} (two turns) needs algorithm.estimator=rlcr_hierarchical, got "
             f"{cfg.algorithm.estimator!r}: a flat estimator would mix answer and confidence rewards",
         )
-        _require(
-            r.num_generations_answer >= 2,
-            f"rlcr.num_generations_answer (G_a) must be >= 2 to normalise answers per prompt, got {r.num_generations_answer}",
-        )
+        _one_of("rlcr.answer_decoding", r.answer_decoding, ANSWER_DECODINGS)
+        if r.answer_decoding == "greedy":
+            _require(
+                r.num_generations_answer == 1,
+                "rlcr.answer_decoding=greedy decodes one answer per prompt (more would be copies): set "
+                f"rlcr.num_generations_answer=1, got {r.num_generations_answer}",
+            )
+        else:
+            _require(
+                r.num_generations_answer >= 2,
+                f"rlcr.num_generations_answer (G_a) must be >= 2 to normalise answers per prompt, got "
+                f"{r.num_generations_answer} (or rlcr.answer_decoding=greedy: one untrained answer per prompt)",
+            )
         _require(
             r.num_generations_confidence >= 2,
             "rlcr.num_generations_confidence (G_c) must be >= 2 to normalise confidences per answer, "

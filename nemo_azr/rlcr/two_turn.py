@@ -1,6 +1,8 @@
 """``rlcr_two_turn``: seed 003's multi-turn rollout (prompt -> G_a answers -> G_c confidences each).
 
-Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``). Turn 2 puts each answer
+Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``); with
+``rlcr.answer_decoding=greedy`` it decodes one argmax answer per prompt, scored but not trained
+(its ``loss_mask`` is all zero), so only the confidence turn learns. Turn 2 puts each answer
 back into the conversation as the assistant turn, adds the confidence request, and samples ``G_c``
 confidences per answer; all (prompt, answer) pairs go into ONE generate call. Rewards are fused into
 the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
@@ -80,10 +82,12 @@ class TwoTurnRLCRWorkflow:
         prompt_ids = [
             encode_prompt(tok, self.task.messages(ex, instruction=self.instruction)) for ex in examples
         ]
+        greedy_answers = s.answer_decoding == "greedy"
         answer_sampling = dataclasses.replace(
             sampling,
             n=s.num_generations_answer,
             max_new_tokens=s.answer_max_new_tokens or sampling.max_new_tokens,
+            greedy=sampling.greedy or greedy_answers,
         )
         requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompt_ids)]
         turn1 = backend.generate(requests, answer_sampling)
@@ -99,7 +103,11 @@ class TwoTurnRLCRWorkflow:
                     prompt_ids[i],
                     sample,
                     reward=acc,
-                    span_mask=answer_span_mask(sample.token_ids, tok),
+                    # Greedy answers are not trained: an argmax token has no sampling log-prob at the
+                    # training temperature, and one answer per prompt has no baseline to compare with.
+                    span_mask=[0] * len(sample.token_ids)
+                    if greedy_answers
+                    else answer_span_mask(sample.token_ids, tok),
                     **{
                         F.UID: answer_id,
                         F.GROUP_ID: group,

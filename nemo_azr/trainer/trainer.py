@@ -54,6 +54,7 @@ from nemo_azr.registry import (
 )
 from nemo_azr.rollout.assemble import rollout_logprob_gap
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
+from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
@@ -771,8 +772,15 @@ class Trainer:
         # trainer.max_steps_per_run: a SLURM chain link (or a requeued job) trains a slice, then exits 75.
         per_run = cfg.trainer.max_steps_per_run
         run_end = min(cfg.trainer.max_steps, self.state.step + per_run) if per_run else cfg.trainer.max_steps
+        in_process_backend = self.backend
         if cfg.rollout.async_rollout and self.state.step < run_end:
             self._loader_trained = self.loader.state_dict()
+            own_process = cfg.rollout.async_generation == "process"
+            if own_process:  # the decode loop in a process of its own; the thread only waits on it
+                logger.message("nemo-azr: starting the generation process (rollout.async_generation=process)")
+                self.backend = ProcessGenerationBackend(
+                    self.backend, num_threads=cfg.rollout.async_threads or torch.get_num_threads()
+                )
             self.async_rollout = AsyncRollout(
                 self.produce_rollout,
                 self.backend,
@@ -780,7 +788,7 @@ class Trainer:
                 end_step=run_end,
                 max_policy_lag=cfg.rollout.max_policy_lag,
                 seed=cfg.seed,
-                num_threads=cfg.rollout.async_threads,
+                num_threads=0 if own_process else cfg.rollout.async_threads,
             )
         try:
             for step in range(self.state.step, cfg.trainer.max_steps):
@@ -837,6 +845,9 @@ class Trainer:
             if self.async_rollout is not None:
                 self.async_rollout.close()
                 self.async_rollout = None
+            if self.backend is not in_process_backend:  # the generation process: stop it
+                self.backend.close()
+                self.backend = in_process_backend
             logger.close()
         return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
 

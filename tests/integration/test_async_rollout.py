@@ -37,11 +37,14 @@ def _fit(tiny_cache, out, *extra):
     return trainer, read_metrics(out / "metrics.jsonl")
 
 
-def test_lag_zero_equals_the_synchronous_run(tiny_cache, tmp_path):
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_lag_zero_equals_the_synchronous_run(tiny_cache, tmp_path, where):
     sync, m_sync = _fit(tiny_cache, tmp_path / "sync")
     lag0, m_lag0 = _fit(
-        tiny_cache, tmp_path / "lag0", "rollout.async_rollout=true", "rollout.max_policy_lag=0"
-    )
+        tiny_cache, tmp_path / "lag0", "rollout.async_rollout=true", "rollout.max_policy_lag=0",
+        f"rollout.async_generation={where}",
+    )  # fmt: skip
+    assert lag0.backend.__class__.__name__ == "HFGenerationBackend"  # the process was stopped
     assert any(r["reward/mean"] > 0 for r in m_sync)  # the steps train on something
     for a, b in zip(m_sync, m_lag0, strict=True):
         assert b["async/policy_lag"] == 0.0
@@ -51,10 +54,11 @@ def test_lag_zero_equals_the_synchronous_run(tiny_cache, tmp_path):
         assert torch.equal(p, q), name
 
 
-def test_lag_one_trains_one_version_behind_with_importance_weights(tiny_cache, tmp_path):
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_lag_one_trains_one_version_behind_with_importance_weights(tiny_cache, tmp_path, where):
     _, records = _fit(
         tiny_cache, tmp_path, "rollout.async_rollout=true", "rollout.max_policy_lag=1",
-        "algorithm.off_policy_correction=tis", "algorithm.is_cap=2.0",
+        "algorithm.off_policy_correction=tis", "algorithm.is_cap=2.0", f"rollout.async_generation={where}",
     )  # fmt: skip
     lags = [r["async/policy_lag"] for r in records]
     assert lags[0] == 0.0 and max(lags) == 1.0 and all(lag <= 1 for lag in lags)

@@ -62,6 +62,7 @@ def test_on_policy_weights_are_one():
         ),
         (["algorithm.off_policy_correction=tis", "algorithm.use_rollout_logprobs=true"], "use one of them"),
         (["rollout.max_policy_lag=-1"], "max_policy_lag must be >= 0"),
+        (["rollout.async_generation=fork"], "async_generation='fork' is not one of"),
         (["rollout.async_rollout=true", "rollout.workflow=azr"], "not available for self-play"),
         (["rollout.async_rollout=true", "model.backend=megatron"], "needs model.backend=hf"),
     ],

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import torch
 
 from nemo_azr.config.loader import load_config
 from nemo_azr.contracts import fields as F
@@ -219,6 +220,8 @@ def test_sft_pairs(tok, tiny_cache):
         (["rlcr.f1_threshold=0"], "rlcr.f1_threshold"),
         (["eval.n_bins=0"], "eval.n_bins"),
         (["algorithm.mini_batch_size=7"], "G_a x (1 + G_c)"),
+        (["rlcr.answer_decoding=beam"], "rlcr.answer_decoding"),
+        (["rlcr.answer_decoding=greedy", "rlcr.num_generations_answer=2"], "num_generations_answer=1"),
     ],
 )
 def test_config_validation(tiny_cache, overrides, message):
@@ -291,3 +294,52 @@ def test_sft_pairs_confidence_turn_only(tok, tiny_cache):
     for context, target in only:
         assert "<confidence>" in tok.decode(target, skip_special_tokens=True)
         assert "<answer>" in tok.decode(context, skip_special_tokens=True)
+
+
+def test_two_turn_greedy_answers_train_only_the_confidence_turn(tok, tiny_cache):
+    """rlcr.answer_decoding=greedy: turn 1 is one argmax answer per prompt, kept in the batch (scored,
+    logged) with an all-zero loss mask; turn 2 samples G_c confidences whose advantages are their Brier
+    rewards minus their own answer's mean, exactly as with sampled answers."""
+    cfg = _cfg(
+        tiny_cache,
+        "rlcr.answer_decoding=greedy",
+        "rlcr.num_generations_answer=1",
+        "rlcr.num_generations_confidence=2",
+        "rlcr.scale_std=false",
+        "rlcr.lambda_conf=1.0",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    answers = ["<think>3 + 4</think><answer>7</answer>"]  # right for prompt 0, wrong for prompt 1
+    confidences = ["<confidence>0.9</confidence>", "<confidence>0.4</confidence>"]
+    backend = ScriptedBackend(tok, answers, confidences)
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
+    validate_batch(batch, "reward")
+
+    (_, _, turn1), (_, _, turn2) = backend.calls
+    assert turn1.greedy and turn1.n == 1
+    assert not turn2.greedy and turn2.n == 2 and turn2.temperature == 0.7
+    types = batch[F.SAMPLE_TYPE]
+    assert types.count("answer") == 2 and types.count("confidence") == 4
+    mask = batch[F.LOSS_MASK]
+    for i, kind in enumerate(types):
+        assert bool(mask[i].any()) == (kind == "confidence")
+
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    # Brier rewards 1 - (acc - c)^2; baseline = the mean over the answer's two confidences
+    right = [1 - (1 - 0.9) ** 2, 1 - (1 - 0.4) ** 2]
+    wrong = [1 - 0.9**2, 1 - 0.4**2]
+    expected = {
+        "s0-p0-a0": [r - sum(right) / 2 for r in right],
+        "s0-p1-a0": [r - sum(wrong) / 2 for r in wrong],
+    }
+    for i, kind in enumerate(types):
+        row = advantages[i][mask[i].bool()]
+        if kind == "answer":
+            assert row.numel() == 0 and float(advantages[i].abs().sum()) == 0.0
+        else:
+            h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+            target = expected[batch[F.SUBGROUP_ID][i]][h]
+            assert row.numel() > 0 and row.float().allclose(torch.full_like(row.float(), target), atol=1e-6)
+    assert expected["s0-p0-a0"][0] > 0 > expected["s0-p1-a0"][0]  # sure pays when right, costs when wrong
