@@ -158,10 +158,12 @@ def selfplay_summary(out: Path, name: str) -> dict:
     return {"series": series, "windows": windows, "plot": plot.name, "samples": shown}
 
 
-def run_experiment(name: str, root: Path, fresh: bool, extra: list[str]) -> dict:
+def run_experiment(name: str, root: Path, fresh: bool, extra: list[str], trained: bool = False) -> dict:
     out = root / name
     if fresh and out.exists():
         shutil.rmtree(out)
+    if trained and not (out / "metrics.jsonl").exists():
+        raise SystemExit(f"--trained: {out} holds no training run (no metrics.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
     base = [f"experiment={name}", f"trainer.output_dir={out}", *extra]
     result: dict = {"experiment": name, "overrides": extra}
@@ -169,8 +171,12 @@ def run_experiment(name: str, root: Path, fresh: bool, extra: list[str]) -> dict
         seconds = run([*nemo_azr(), "eval", *base, "eval.checkpoint=model", f"eval.output_dir={out}/eval_before"],
                       out / "eval_before.log")  # fmt: skip
         result["before"] = eval_summary(out / "eval_before") | {"wall_s": round(seconds, 1)}
-    wall = run([*nemo_azr(), "train", *base, "logger.console_samples=false"], out / "train.log")
-    result["train"] = train_summary(out, wall)
+    if trained:  # trained before by `nemo-azr train` with the same overrides: its steps' time
+        steps = [r.get("timing/step_s", 0.0) for r in read_jsonl(out / "metrics.jsonl")]
+        result["train"] = train_summary(out, sum(steps)) | {"wall_s_is": "the sum of the step times"}
+    else:
+        wall = run([*nemo_azr(), "train", *base, "logger.console_samples=false"], out / "train.log")
+        result["train"] = train_summary(out, wall)
     if name in SELFPLAY:
         result["selfplay"] = selfplay_summary(out, name)
         return result
@@ -341,6 +347,11 @@ def main() -> None:
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "real_model")
     parser.add_argument("--fresh", action="store_true", help="delete the experiment's output folder first")
     parser.add_argument(
+        "--trained",
+        action="store_true",
+        help="the experiment's folder already holds its training run: evaluate before and after only",
+    )
+    parser.add_argument(
         "--report-only", action="store_true", help="rewrite real_model.md from real_model.json"
     )
     parser.add_argument(
@@ -356,7 +367,7 @@ def main() -> None:
     results = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     meta = {"cpu": cpu_model(), "cores": os.cpu_count(), "mem_gib": mem_total_gib()}
     for name in args.experiment:
-        res = run_experiment(name, args.output_root, args.fresh, args.overrides)
+        res = run_experiment(name, args.output_root, args.fresh, args.overrides, args.trained)
         res["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         res["machine"] = meta
         results[name] = res

@@ -42,6 +42,9 @@ class ModelConfig:
     # hf: run each training micro-batch's real tokens as one packed sequence (no compute on padding;
     # attention never crosses rows). Same log-probs / losses to fp32 tolerance (docs/throughput.md).
     sequence_packing: bool = False
+    # hf: a prefix several rows of a micro-batch share (RLCR's turn-2 context, a GRPO prompt) runs once,
+    # its KV cache expanded to the rows. Same log-probs / gradients to fp32 tolerance (docs/throughput.md).
+    shared_prefix: bool = False
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
 

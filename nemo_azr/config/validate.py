@@ -280,6 +280,19 @@ def _validate_throughput(cfg: NemoAzrConfig, megatron: bool) -> None:
         "with TransformerEngine's attention (its local attention refuses them), which this backend "
         "does not wire up; use algorithm.max_tokens_per_microbatch (token-budget micro-batches)",
     )
+    m = cfg.model
+    if m.shared_prefix:
+        _require(not megatron, "model.shared_prefix=true is for model.backend=hf")
+        _require(
+            not m.sequence_packing,
+            "model.shared_prefix=true and model.sequence_packing=true are two layouts of the same "
+            "forward: choose one (shared prefixes for many rows per prompt, packing for ragged lengths)",
+        )
+        _require(
+            not m.gradient_checkpointing,
+            "model.shared_prefix=true keeps the prefix's KV cache for the rows that share it, which "
+            "transformers turns off under gradient checkpointing: set model.gradient_checkpointing=false",
+        )
 
 
 def _validate_off_policy(cfg: NemoAzrConfig, megatron: bool) -> None:

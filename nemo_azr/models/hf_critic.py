@@ -99,7 +99,12 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
         """``values[B, T]`` (float32, differentiable): each row's head at the position before each
         trained token; 0 where ``loss_mask`` is 0."""
         hidden, _ = decoder_hidden_states(
-            self.model, batch, self.device, self.autocast_dtype, packed=self.cfg.model.sequence_packing
+            self.model,
+            batch,
+            self.device,
+            self.autocast_dtype,
+            packed=self.cfg.model.sequence_packing,
+            shared_prefix=self.cfg.model.shared_prefix,
         )
         heads = self.model.score(hidden[:, :-1]).float()  # [B, T-1, roles]
         per_head = torch.nn.functional.pad(heads.permute(2, 0, 1), (1, 0))  # [roles, B, T]

@@ -27,6 +27,7 @@ from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, sav
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.packing import packed_decoder_forward
 from nemo_azr.models.ppo_update import PPOUpdateMixin
+from nemo_azr.models.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
 from nemo_azr.registry import POLICY_BACKENDS
 from nemo_azr.rollout.assemble import position_ids_from_mask
 
@@ -64,10 +65,12 @@ def decoder_hidden_states(
     autocast_dtype: torch.dtype | None,
     *,
     packed: bool = False,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The last hidden states ``[B, T, H]`` of ``model``'s decoder (its trunk, no head) and
     ``input_ids[B, T]``, on ``device``; positions count each row's real tokens from 0. ``packed``:
-    only the real tokens run, as one packed sequence (``model.sequence_packing``, models/packing.py)."""
+    only the real tokens run, as one packed sequence (``model.sequence_packing``, models/packing.py).
+    ``shared_prefix``: a prefix several rows share runs once (``model.shared_prefix``, models/shared_prefix.py)."""
     ids = batch[F.INPUT_IDS].to(device)
     attn = batch[F.ATTENTION_MASK].to(device)
     pos = batch.get(F.POSITION_IDS)
@@ -77,6 +80,11 @@ def decoder_hidden_states(
     def run() -> torch.Tensor:
         if packed:
             return packed_decoder_forward(decoder, ids, attn, pos)
+        if shared_prefix:
+            width = shared_prefix_width(batch.get(F.LOSS_MASK), ids.shape[1])
+            hidden = shared_prefix_decoder_forward(decoder, ids, attn, pos, width)
+            if hidden is not None:
+                return hidden
         return decoder(
             input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False
         ).last_hidden_state
@@ -171,7 +179,12 @@ class HFPolicy(PPOUpdateMixin):
     def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's last hidden states ``[B, T, H]`` and ``input_ids[B, T]`` on the device."""
         return decoder_hidden_states(
-            self.model, batch, self.device, self.autocast_dtype, packed=self.cfg.model.sequence_packing
+            self.model,
+            batch,
+            self.device,
+            self.autocast_dtype,
+            packed=self.cfg.model.sequence_packing,
+            shared_prefix=self.cfg.model.shared_prefix,
         )
 
     def token_logprobs(

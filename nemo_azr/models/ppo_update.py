@@ -70,24 +70,37 @@ class PPOUpdateMixin:
         )
 
     @torch.no_grad()
-    def no_grad_pass(self, batch: Batch, per_token: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+    def no_grad_pass(
+        self, batch: Batch, per_token: Callable[[Batch], torch.Tensor], *, skip_untrained: bool = False
+    ) -> torch.Tensor:
         """``per_token(micro)`` ``[b, t]`` over ``batch``'s micro-batches in eval mode, without
-        gradients, gathered into ``[B, T]`` (float32, CPU) in row order."""
+        gradients, gathered into ``[B, T]`` (float32, CPU) in row order. ``skip_untrained``: a
+        micro-batch with no trained token is not run (``per_token`` must be 0 off ``loss_mask``)."""
         was_training = self.model.training
         self.model.eval()
-        parts = [(micro, per_token(micro.batch)) for micro in self.micro_batches(batch)]
+        parts = [
+            (
+                micro,
+                _zeros_like_ids(micro.batch)
+                if skip_untrained and _untrained(micro.batch)
+                else per_token(micro.batch),
+            )
+            for micro in self.micro_batches(batch)
+        ]
         self.model.train(was_training)
         return gather_micro_outputs(parts, len(batch), batch.seq_len)
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """No-grad log-probs[B, T] in micro-batches (old / reference log-probs)."""
-        return self.no_grad_pass(batch, self.token_logprobs)
+        return self.no_grad_pass(batch, self.token_logprobs, skip_untrained=True)
 
     def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
         """Backward of one mini-batch in micro-batches; its metrics (token-weighted means, or sums of
         the already-normalised losses). Backends with pipeline/data parallelism override it."""
         step_metrics: dict[str, float] = defaultdict(float)
         for micro in (m.batch for m in self.micro_batches(mb)):
+            if _untrained(micro):  # every term of every loss is masked by loss_mask: exactly 0
+                continue
             loss, m = self.micro_objective(
                 micro, num_tokens=num_tokens, num_seqs=len(mb), norm_length=norm_length
             )
@@ -131,3 +144,12 @@ class PPOUpdateMixin:
         out[f"{prefix}/optimizer_steps"] = float(n_steps - skipped)
         out[f"{prefix}/skipped_nonfinite_grad"] = float(skipped)
         return out
+
+
+def _untrained(batch: Batch) -> bool:
+    """No row of ``batch`` has a trained token (e.g. RLCR's greedy answer rows, rlcr.answer_decoding)."""
+    return not bool((batch[F.LOSS_MASK] > 0).any())
+
+
+def _zeros_like_ids(batch: Batch) -> torch.Tensor:
+    return torch.zeros(batch[F.INPUT_IDS].shape, dtype=torch.float32)

@@ -17,6 +17,7 @@ shared, refittable weights; TensorRT-LLM's and vLLM's engines do the same for th
 
 from __future__ import annotations
 
+import shutil
 import threading
 import traceback
 from typing import Any
@@ -37,6 +38,7 @@ class ProcessGenerationBackend:
 
     def __init__(self, backend, *, num_threads: int = 0, start_timeout_s: float = 300.0) -> None:
         self.model = backend.model
+        _check_shared_memory(self.model)
         self.model.share_memory()  # before the child starts: it receives handles to this storage
         self.tokenizer = backend.tokenizer
         self.version = backend.version
@@ -126,6 +128,25 @@ class ProcessGenerationBackend:
         return GenerationProcessError(
             f"the generation process exited (exit code {self._proc.exitcode}; -9 is usually the "
             "kernel's out-of-memory killer)"
+        )
+
+
+SHM_DIR = "/dev/shm"
+
+
+def _check_shared_memory(model: torch.nn.Module, shm_dir: str = SHM_DIR) -> None:
+    """CPU weights are shared through ``/dev/shm``; a container's default (64 MB) is too small for a
+    real model, and torch would fail with a bus error deep inside: say so first."""
+    needed = sum(t.numel() * t.element_size() for t in model.state_dict().values() if not t.is_cuda)
+    try:
+        free = shutil.disk_usage(shm_dir).free
+    except OSError:  # no /dev/shm (not Linux): torch picks its own mechanism
+        return
+    if needed > free:
+        raise GenerationProcessError(
+            f"rollout.async_generation=process shares the generation model's {needed / 2**30:.2f} GiB "
+            f"through {shm_dir}, which has {free / 2**30:.2f} GiB free: enlarge it (docker run "
+            "--shm-size, a larger tmpfs) or use rollout.async_generation=thread"
         )
 
 

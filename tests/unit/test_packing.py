@@ -152,3 +152,30 @@ def test_bad_throughput_configs(overrides, match):
 def test_megatron_takes_token_budget_micro_batches():
     cfg = load_config(["model.backend=megatron", "algorithm.max_tokens_per_microbatch=512"])
     assert cfg.algorithm.max_tokens_per_microbatch == 512
+
+
+def test_micro_batches_without_trained_tokens_are_skipped_exactly(tiny_cache, tiny_model_path, monkeypatch):
+    """Rows with an all-zero loss mask (RLCR's greedy answers) filling whole micro-batches are not
+    run: same gradients and metrics as the batch without them, log-probs 0 on their rows."""
+    batch = _batch()
+    untrained = batch.index([0, 1, 2, 3])
+    untrained[F.LOSS_MASK] = torch.zeros_like(untrained[F.LOSS_MASK])
+    untrained[F.ADVANTAGES] = torch.zeros_like(untrained[F.ADVANTAGES])
+    mixed = Batch.concat([untrained, batch])  # micro-batches of 4: the first trains nothing
+    with_rows = _policy(tiny_cache, tiny_model_path, "algorithm.micro_batch_size=4")
+    without = _policy(tiny_cache, tiny_model_path, "algorithm.micro_batch_size=4")
+    runs = []
+    original = with_rows.micro_objective
+    monkeypatch.setattr(
+        with_rows, "micro_objective", lambda micro, **kw: runs.append(len(micro)) or original(micro, **kw)
+    )
+    n_tok = float(batch[F.LOSS_MASK].sum())
+    m_with = with_rows.accumulate_gradients(mixed, num_tokens=n_tok, norm_length=16)
+    m_without = without.accumulate_gradients(batch, num_tokens=n_tok, norm_length=16)
+    assert runs == [4, 2]  # the untrained micro-batch never ran
+    assert m_with["actor/loss"] == pytest.approx(m_without["actor/loss"], rel=1e-6)
+    for p, q in zip(with_rows.model.parameters(), without.model.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-7, rtol=1e-6)
+    lp = with_rows.compute_logprobs(mixed)
+    assert lp[:4].abs().max() == 0
+    torch.testing.assert_close(lp[4:, : batch.seq_len], without.compute_logprobs(batch), atol=2e-5, rtol=1e-5)

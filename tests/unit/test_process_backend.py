@@ -87,3 +87,21 @@ def test_child_error_and_death_are_reported(tiny_model_path):
             remote.generate(ok, SamplingParams(max_new_tokens=2))
     finally:
         remote.close()
+
+
+def test_too_small_shared_memory_is_a_clear_error(tiny_model_path, monkeypatch):
+    import nemo_azr.rollout.process_backend as pb
+
+    policy = HFPolicy(tiny_model_path, NemoAzrConfig(), trainable=False)
+    needed = sum(t.numel() * t.element_size() for t in policy.model.state_dict().values())
+    monkeypatch.setattr(pb.shutil, "disk_usage", lambda _: shutil_usage(free=needed - 1))
+    with pytest.raises(GenerationProcessError, match="enlarge it"):
+        pb._check_shared_memory(policy.model)
+    monkeypatch.setattr(pb.shutil, "disk_usage", lambda _: shutil_usage(free=needed))
+    pb._check_shared_memory(policy.model)  # exactly enough passes
+
+
+def shutil_usage(free: int):
+    import shutil
+
+    return shutil._ntuple_diskusage(total=free, used=0, free=free)

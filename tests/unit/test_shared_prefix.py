@@ -1,0 +1,110 @@
+"""Shared-prefix forward (model.shared_prefix): the plain forward's hidden states, log-probs and
+gradients (fp32), with each shared prefix computed once."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from nemo_azr.config.loader import load_config
+from nemo_azr.contracts import Batch
+from nemo_azr.contracts import fields as F
+from nemo_azr.errors import ConfigError
+from nemo_azr.models import shared_prefix as sp
+from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.rollout.assemble import pack_prompt_response
+
+
+def _batch(seed: int = 0, vocab: int = 60) -> Batch:
+    """The RLCR two-turn layout: two contexts of different lengths (left-padded), four sampled
+    continuations of each (right-padded), trained only on the continuation, plus one row whose
+    whole prompt is distinct."""
+    g = torch.Generator().manual_seed(seed)
+    contexts = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (11, 7, 9)]
+    prompts = [contexts[0]] * 4 + [contexts[1]] * 4 + [contexts[2]]
+    r_lens = [3, 5, 1, 4, 2, 6, 3, 3, 5]
+    responses = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in r_lens]
+    t = pack_prompt_response(prompts, responses, None, pad_id=0)
+    mask = t[F.LOSS_MASK]
+    t[F.ADVANTAGES] = torch.randn(mask.shape, generator=g) * mask
+    t[F.OLD_LOGPROBS] = (-torch.rand(mask.shape, generator=g) - 2.0) * mask
+    return Batch(t, {F.UID: [f"r{i}" for i in range(len(prompts))]})
+
+
+def _policy(tiny_cache, tiny_model_path, *overrides) -> HFPolicy:
+    cfg = load_config([f"model.tiny.cache_dir={tiny_cache}", "algorithm.kl.coef=0", *overrides])
+    torch.manual_seed(0)
+    return HFPolicy(tiny_model_path, cfg)
+
+
+def test_prefix_width_is_the_first_trained_column():
+    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]])
+    assert sp.shared_prefix_width(mask, 5) == 3  # row 2 trains nothing: it does not constrain
+    assert sp.shared_prefix_width(torch.zeros(2, 5), 5) == 5
+    assert sp.shared_prefix_width(None, 5) == 5
+
+
+def test_hidden_states_equal_the_plain_forward_and_prefixes_run_once(
+    tiny_cache, tiny_model_path, monkeypatch
+):
+    batch = _batch()
+    plain = _policy(tiny_cache, tiny_model_path)
+    shared = _policy(tiny_cache, tiny_model_path, "model.shared_prefix=true")
+    calls = []
+    decoder = getattr(shared.model, shared.model.base_model_prefix)
+    original = decoder.forward
+
+    @functools.wraps(original)  # keeps the signature the cache keyword is read from
+    def counting(*args, **kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", counting)
+    real = batch[F.ATTENTION_MASK].bool()
+    h_plain, _ = plain._hidden_states(batch)
+    h_shared, _ = shared._hidden_states(batch)
+    torch.testing.assert_close(h_shared[real], h_plain[real], atol=2e-5, rtol=1e-5)
+    width = batch.seq_len
+    prefix = int((batch[F.LOSS_MASK] > 0).int().argmax(dim=1).min())  # the 7-token context's end
+    assert calls == [(3, prefix), (9, width - prefix)]  # 3 distinct prefixes, then every row's rest
+
+
+def test_no_shared_prefix_falls_back_to_the_plain_forward(tiny_cache, tiny_model_path):
+    batch = _batch().index([0, 4, 8])  # one row per context: nothing to share
+    decoder = getattr(_policy(tiny_cache, tiny_model_path).model, "model")
+    ids, attn = batch[F.INPUT_IDS], batch[F.ATTENTION_MASK]
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    assert sp.shared_prefix_decoder_forward(decoder, ids, attn, pos, 5) is None
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_gradients_and_logprobs_equal_the_plain_forward(tiny_cache, tiny_model_path, fused):
+    batch = _batch(seed=1)
+    common = [f"model.fused_policy_loss={str(fused).lower()}", "algorithm.entropy_coef=0.01"]
+    plain = _policy(tiny_cache, tiny_model_path, *common)
+    shared = _policy(tiny_cache, tiny_model_path, *common, "model.shared_prefix=true")
+    torch.testing.assert_close(
+        shared.compute_logprobs(batch), plain.compute_logprobs(batch), atol=2e-5, rtol=1e-5
+    )
+    n_tok = float(batch[F.LOSS_MASK].sum())
+    m_plain = plain.accumulate_gradients(batch, num_tokens=n_tok, norm_length=16)
+    m_shared = shared.accumulate_gradients(batch, num_tokens=n_tok, norm_length=16)
+    for key in ("actor/loss", "actor/pg_loss", "actor/entropy"):
+        assert m_shared[key] == pytest.approx(m_plain[key], rel=1e-4, abs=1e-6)
+    for (name, p_plain), p in zip(plain.model.named_parameters(), shared.model.parameters()):
+        torch.testing.assert_close(p.grad, p_plain.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["model.shared_prefix=true", "model.sequence_packing=true"], "choose one"),
+        (["model.shared_prefix=true", "model.gradient_checkpointing=true"], "gradient_checkpointing=false"),
+        (["model.shared_prefix=true", "model.backend=megatron"], "for model.backend=hf"),
+    ],
+)
+def test_bad_shared_prefix_configs(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(overrides)
