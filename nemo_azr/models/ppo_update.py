@@ -126,6 +126,10 @@ class PPOUpdateMixin:
         for _ in range(epochs):
             order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
             for rows_idx in order.split(mini):
+                if self.cfg.model.shared_prefix:
+                    # The order within a mini-batch does not change its gradient; the batch's order
+                    # keeps the rows of a prompt / an answer adjacent, so they share a micro-batch.
+                    rows_idx = rows_idx.sort().values
                 mb = batch.index(rows_idx)
                 n_tok = float(mb[F.LOSS_MASK].sum())
                 if n_tok == 0:

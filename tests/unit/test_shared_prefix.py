@@ -73,7 +73,7 @@ def test_hidden_states_equal_the_plain_forward_and_prefixes_run_once(
 
 def test_no_shared_prefix_falls_back_to_the_plain_forward(tiny_cache, tiny_model_path):
     batch = _batch().index([0, 4, 8])  # one row per context: nothing to share
-    decoder = getattr(_policy(tiny_cache, tiny_model_path).model, "model")
+    decoder = _policy(tiny_cache, tiny_model_path).model.model
     ids, attn = batch[F.INPUT_IDS], batch[F.ATTENTION_MASK]
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     assert sp.shared_prefix_decoder_forward(decoder, ids, attn, pos, 5) is None
@@ -108,3 +108,26 @@ def test_gradients_and_logprobs_equal_the_plain_forward(tiny_cache, tiny_model_p
 def test_bad_shared_prefix_configs(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(overrides)
+
+
+def test_shuffled_mini_batches_keep_the_rows_of_a_prefix_together(tiny_cache, tiny_model_path, monkeypatch):
+    """With one shuffled mini-batch the rows are put back in batch order, so each context's rows
+    share a micro-batch: 3 prefix forwards (2 + 1 distinct contexts), not one per row."""
+    batch = _batch()
+    policy = _policy(
+        tiny_cache, tiny_model_path, "model.shared_prefix=true", "algorithm.micro_batch_size=8",
+        "algorithm.shuffle_mini_batches=true", "algorithm.mini_batch_size=0",
+    )  # fmt: skip
+    policy.setup_optimizer(total_steps=1)
+    seen = []
+    original = sp.shared_prefix_decoder_forward
+
+    def spy(decoder, ids, attn, pos, width):
+        out = original(decoder, ids, attn, pos, width)
+        key = torch.cat([ids[:, :width], attn[:, :width]], dim=1)
+        seen.append((len(ids), len(torch.unique(key, dim=0)), out is not None))
+        return out
+
+    monkeypatch.setattr("nemo_azr.models.hf_policy.shared_prefix_decoder_forward", spy)
+    policy.update(batch, norm_length=16, generator=torch.Generator().manual_seed(3))
+    assert seen == [(8, 2, True), (1, 1, False)]
