@@ -67,6 +67,7 @@ PACKED = ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch={b
 ASYNC = ["rollout.async_rollout=true", "rollout.max_policy_lag=1", "algorithm.off_policy_correction=tis"]
 #: Generation and training split the cores (one torch thread each) instead of both using all of them.
 SPLIT_THREADS = ["trainer.num_threads=1", "rollout.async_threads=1"]
+PROCESS = ["rollout.async_generation=process"]
 E2E_CASES = {
     "padded_sync": [],
     "packed_sync": PACKED,
@@ -74,14 +75,15 @@ E2E_CASES = {
     "padded_async_split": [*ASYNC, *SPLIT_THREADS],
     "packed_async": [*PACKED, *ASYNC],
     "packed_async_split": [*PACKED, *ASYNC, *SPLIT_THREADS],
-    # the decode loop in a process of its own (its own GIL); the cores split between the two processes
-    "padded_async_process": [*ASYNC, "rollout.async_generation=process", *SPLIT_THREADS],
-    "packed_async_process": [*PACKED, *ASYNC, "rollout.async_generation=process", *SPLIT_THREADS],
+    # the decode loop in a process of its own (its own GIL); _split: the cores split between the two
+    "padded_async_process": [*ASYNC, *PROCESS],
+    "padded_async_process_split": [*ASYNC, *PROCESS, *SPLIT_THREADS],
+    "packed_async_process": [*PACKED, *ASYNC, *PROCESS],
 }
 CURVE_CASES = {
     "sync": [],
     "async_lag1_tis": ASYNC,
-    "async_lag1_tis_process": [*ASYNC, "rollout.async_generation=process", *SPLIT_THREADS],
+    "async_lag1_tis_process": [*ASYNC, *PROCESS, *SPLIT_THREADS],
 }
 CURVE_WINDOW = 50
 E2E_TITLES = {
@@ -256,6 +258,7 @@ def write_report(out: dict, name: str) -> None:
         f"{meta['torch']}); run {meta['date']}.  ",
         f"Command: `python benchmarks/throughput.py {meta['args']}`. Ratios are measured side by "
         "side in this one run; absolute times are this machine's.",
+        *([f"Note: {meta['note']}."] if meta.get("note") else []),
         "",
     ]
     if "update" in out:
@@ -340,7 +343,7 @@ def main() -> None:
     parser.add_argument(
         "--e2e-cases",
         nargs="+",
-        default=[c for c in E2E_CASES if c not in ("packed_async", "packed_async_process")],
+        default=[c for c in E2E_CASES if c not in ("packed_async", "packed_async_process")],  # CPU set
         choices=list(E2E_CASES),
     )
     parser.add_argument(

@@ -34,7 +34,8 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 
 
 # Throughput levers on the GPU (docs/throughput.md): the update on a long-tailed batch, and end to end
-# sync vs async rollout (the producer on its own CUDA stream), padded and packed.
+# sync vs async rollout (the producer on its own CUDA stream, or the decode loop in its own process),
+# padded and packed; the shared-prefix forward.
 if [ -d .gpu_model ]; then
   model=/tmp/nemo_azr_gpu_model
   python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
@@ -44,13 +45,16 @@ if [ -d .gpu_model ]; then
     >> "$OUT/throughput.log" 2>&1 || status=1
   # End to end at 512 responses per step (with 64, generation is 92% of the step and async can only
   # hide the small update): results/throughput_gpu_large.md
-  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
+  timeout "${GPU_E2E_TIMEOUT:-480}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
     --e2e-budget 8192 --results-name throughput_gpu_large \
-    --e2e-cases padded_sync padded_async packed_sync packed_async \
+    --e2e-cases padded_sync padded_async packed_sync packed_async padded_async_process packed_async_process \
     --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 \
     model.kernel_backend=torch data.prompts_per_step=64 generation.n_samples=8 \
     --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1
-  cp benchmarks/results/throughput_gpu*.* "$OUT/" 2>/dev/null
+  # Shared-prefix forward (RLCR confidence rows' layout): results/shared_prefix_gpu.md
+  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/shared_prefix.py --device cuda --model "$model" \
+    --contexts 16 --results-name shared_prefix_gpu >> "$OUT/throughput.log" 2>&1 || status=1
+  cp benchmarks/results/throughput_gpu*.* benchmarks/results/shared_prefix_gpu.* "$OUT/" 2>/dev/null
   tail -n 25 "$OUT/throughput.log"
 fi
 
