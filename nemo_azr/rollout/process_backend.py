@@ -18,6 +18,7 @@ shared, refittable weights; TensorRT-LLM's and vLLM's engines do the same for th
 from __future__ import annotations
 
 import shutil
+import signal
 import threading
 import traceback
 from typing import Any
@@ -152,6 +153,11 @@ def _check_shared_memory(model: torch.nn.Module, shm_dir: str = SHM_DIR) -> None
 
 def _serve(conn, backend, num_threads: int) -> None:
     """The child: answer ``generate`` calls until ``None`` arrives or the parent goes away."""
+    # SLURM signals every process of the job step (SIGTERM; SIGUSR1 ahead of the time limit). The
+    # trainer stops at a safe point and checkpoints, and it may need one more rollout to get there:
+    # the child leaves the signals to it and exits when the trainer closes it (or its pipe).
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     try:
         if num_threads > 0:
             torch.set_num_threads(num_threads)
