@@ -38,7 +38,7 @@ from nemo_azr.models.critic_common import (
     value_batch_metrics,
 )
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
-from nemo_azr.models.hf_policy import decoder_hidden_states
+from nemo_azr.models.hf_policy import decoder_hidden_states, forward_layout
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
@@ -99,12 +99,7 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
         """``values[B, T]`` (float32, differentiable): each row's head at the position before each
         trained token; 0 where ``loss_mask`` is 0."""
         hidden, _ = decoder_hidden_states(
-            self.model,
-            batch,
-            self.device,
-            self.autocast_dtype,
-            packed=self.cfg.model.sequence_packing,
-            shared_prefix=self.cfg.model.shared_prefix,
+            self.model, batch, self.device, self.autocast_dtype, **forward_layout(self.cfg.model)
         )
         heads = self.model.score(hidden[:, :-1]).float()  # [B, T-1, roles]
         per_head = torch.nn.functional.pad(heads.permute(2, 0, 1), (1, 0))  # [roles, B, T]

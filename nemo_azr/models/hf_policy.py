@@ -98,6 +98,11 @@ def decoder_hidden_states(
     return hidden.to(model.dtype), ids
 
 
+def forward_layout(model_cfg) -> dict[str, bool]:
+    """:func:`decoder_hidden_states`' layout keywords from ``cfg.model`` (policy and critic alike)."""
+    return {"packed": model_cfg.sequence_packing, "shared_prefix": model_cfg.shared_prefix}
+
+
 @POLICY_BACKENDS.register("hf")
 class HFPolicy(PPOUpdateMixin):
     """Trainable (actor) or frozen (reference) transformers causal LM."""
@@ -179,12 +184,7 @@ class HFPolicy(PPOUpdateMixin):
     def _hidden_states(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The decoder's last hidden states ``[B, T, H]`` and ``input_ids[B, T]`` on the device."""
         return decoder_hidden_states(
-            self.model,
-            batch,
-            self.device,
-            self.autocast_dtype,
-            packed=self.cfg.model.sequence_packing,
-            shared_prefix=self.cfg.model.shared_prefix,
+            self.model, batch, self.device, self.autocast_dtype, **forward_layout(self.cfg.model)
         )
 
     def token_logprobs(

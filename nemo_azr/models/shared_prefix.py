@@ -56,7 +56,7 @@ def shared_prefix_decoder_forward(
         return None
     first = torch.full((unique.shape[0],), b, dtype=torch.long, device=ids.device)
     first = first.scatter_reduce(0, inverse, torch.arange(b, device=ids.device), reduce="amin")
-    cache_kw = _cache_keyword(decoder)
+    cache_kw = cache_keyword(decoder)
     out = decoder(
         input_ids=ids[first, :p],
         attention_mask=attention_mask[first, :p],
@@ -78,7 +78,7 @@ def shared_prefix_decoder_forward(
     return torch.cat([prefix_hidden, rest], dim=1)
 
 
-def _cache_keyword(decoder: torch.nn.Module) -> str:
+def cache_keyword(decoder: torch.nn.Module) -> str:
     """transformers >= 5 names the KV cache ``cache`` (in and out); earlier ones ``past_key_values``."""
     params = inspect.signature(decoder.forward).parameters
     return "cache" if "cache" in params else "past_key_values"

@@ -8,10 +8,10 @@ sampled token under the temperature-scaled policy; ``generate(output_logits=True
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 
+from nemo_azr.models.shared_prefix import cache_keyword
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
 
@@ -77,10 +77,7 @@ class HFGenerationBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_batch_size = max_batch_size
         self.version = 0
-        # transformers >= 5.x names the KV cache `cache` (in and out); earlier ones `past_key_values`
-        decoder = getattr(self.model, self.model.base_model_prefix)
-        params = inspect.signature(decoder.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_keyword(getattr(self.model, self.model.base_model_prefix))
 
     # --- capabilities ---------------------------------------------------------------------------
     @torch.no_grad()

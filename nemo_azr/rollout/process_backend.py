@@ -27,6 +27,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, SamplingParams
+from nemo_azr.rollout.hf_backend import HFGenerationBackend
 
 
 class GenerationProcessError(RuntimeError):
@@ -71,21 +72,10 @@ class ProcessGenerationBackend:
             out.policy_version = self.version
         return outputs
 
-    @torch.no_grad()
-    def sync_weights(self, policy) -> None:
-        """Copy the policy's weights into the shared model and bump ``version`` (as the hf backend)."""
-        if hasattr(policy, "export_hf_state_dict"):
-            state = policy.export_hf_state_dict()
-        else:
-            state = (policy.model if hasattr(policy, "model") else policy).state_dict()
-        self.model.load_state_dict(state)
-        self.version += 1
-
-    def release(self) -> None:
-        """Nothing is cached between calls."""
-
-    def flush_cache(self) -> None:
-        """The KV cache lives only inside one ``generate`` call."""
+    # The hf backend's own: they only touch ``model`` and ``version``, which the proxy holds.
+    sync_weights = HFGenerationBackend.sync_weights
+    release = HFGenerationBackend.release
+    flush_cache = HFGenerationBackend.flush_cache
 
     def model_device(self) -> torch.device:
         param = next(self.model.parameters(), None)
