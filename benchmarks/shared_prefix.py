@@ -10,6 +10,10 @@ log-prob pass (``compute_logprobs``), at ``algorithm.micro_batch_size`` rows per
 multiple of ``--per-context``, so a context's rows share a micro-batch). The gradients of the two
 cases are compared too (max abs difference), so the speed-up is for the same result.
 
+The rollout side is timed too: the hf generation backend sampling ``--per-context`` replies of
+``--response-len`` tokens for each context, with every distinct prompt encoded once (what the backend
+does) against every row encoding its own copy, under the same seed (the sampled tokens are compared).
+
     .venv/bin/python benchmarks/shared_prefix.py
     python benchmarks/shared_prefix.py --device cuda --model DIR --results-name shared_prefix_h100
 
@@ -40,6 +44,8 @@ from nemo_azr.contracts import fields as F  # noqa: E402
 from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
 from nemo_azr.models.tiny import resolve_model_path  # noqa: E402
 from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
+from nemo_azr.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
+from nemo_azr.rollout.hf_backend import HFGenerationBackend  # noqa: E402
 
 CASES = {"plain": [], "shared_prefix": ["model.shared_prefix=true"]}
 
@@ -57,6 +63,54 @@ def rlcr_batch(contexts: int, per_context: int, context_len: int, response_len: 
     t[F.ADVANTAGES] = torch.randn(mask.shape, generator=g) * mask
     t[F.OLD_LOGPROBS] = (-torch.rand(mask.shape, generator=g) - 1.0) * mask
     return Batch(t, {F.UID: [str(i) for i in range(len(prompts))]})
+
+
+class PerRowPromptBackend(HFGenerationBackend):
+    """The reference: every row encodes its own copy of its prompt."""
+
+    def _encode_prompts(self, prompts, ids, attn, pos):
+        return self._next_logits(ids, attn, pos, None)
+
+
+def time_generation(model, tokenizer, batch: Batch, args) -> dict:
+    """Seconds per generate call (median over ``--reps``) with shared and per-row prompt encoding."""
+    dtype = getattr(torch, args.gen_dtype) if args.gen_dtype else None
+    prompts = [list(p) for p in dict.fromkeys(tuple(row) for row in _prompt_rows(batch))]
+    requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompts)]
+    sampling = SamplingParams(n=args.per_context, temperature=1.0, max_new_tokens=args.response_len)
+    backends = {
+        "shared": HFGenerationBackend(model, tokenizer, dtype=dtype),
+        "per_row": PerRowPromptBackend(model, tokenizer, dtype=dtype),
+    }
+    times: dict[str, list[float]] = {n: [] for n in backends}
+    tokens: dict[str, list] = {}
+    for rep in range(args.reps + 1):
+        for name, backend in backends.items():
+            torch.manual_seed(rep)
+            with torch.inference_mode():
+                t = _timed(
+                    lambda b=backend, n=name: tokens.__setitem__(n, b.generate(requests, sampling)),
+                    args.device,
+                )
+            if rep:
+                times[name].append(t)
+            print(f"  generate {name}: {t:.2f} s", flush=True)
+    a = [s.token_ids for o in tokens["shared"] for s in o.samples]
+    b = [s.token_ids for o in tokens["per_row"] for s in o.samples]
+    return {
+        "median_s": {n: statistics.median(v) for n, v in times.items()},
+        "same_tokens_frac": sum(x == y for x, y in zip(a, b)) / len(a),
+        "dtype": args.gen_dtype or "float32",
+    }
+
+
+def _prompt_rows(batch: Batch) -> list[list[int]]:
+    """Each row's tokens before its first trained token (its turn-2 context)."""
+    rows = []
+    for ids, mask, attn in zip(batch[F.INPUT_IDS], batch[F.LOSS_MASK], batch[F.ATTENTION_MASK]):
+        first = int(mask.nonzero()[0])
+        rows.append([int(t) for t, a in zip(ids[:first], attn[:first]) if a])
+    return rows
 
 
 def _sync(device: str) -> None:
@@ -83,6 +137,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--results-name", default="shared_prefix")
+    parser.add_argument("--gen-dtype", default="bfloat16", help="the rollout copy's dtype ('' = float32)")
     args = parser.parse_args()
 
     path = resolve_model_path(args.model, load_config([]).model.tiny)
@@ -105,6 +160,9 @@ def main() -> None:
                 times[name]["update"].append(up)
                 times[name]["logprobs"].append(lp)
             print(f"  {name}: update {up:.2f} s, logprobs {lp:.2f} s", flush=True)
+    from transformers import AutoTokenizer
+
+    gen = time_generation(policies["plain"].model, AutoTokenizer.from_pretrained(path), batch, args)
     grad_diff = max(
         float((a.grad - b.grad).abs().max())
         for a, b in zip(policies["plain"].model.parameters(), policies["shared_prefix"].model.parameters())
@@ -133,7 +191,9 @@ def main() -> None:
         "median_s": med,
         "speedup": {k: round(med["plain"][k] / med["shared_prefix"][k], 2) for k in ("update", "logprobs")},
         "grad_max_abs_diff": grad_diff,
+        "generate": gen,
     }
+    gen_med = gen["median_s"]
     m = out["meta"]
     accel = f"GPU: {m['gpu']}" if m["gpu"] else "CPU only"
     lines = [
@@ -157,6 +217,16 @@ def main() -> None:
         ],
         "",
         f"Largest gradient difference between the two: {grad_diff:.2e} (fp32).",
+        "",
+        f"Rollout (hf backend, {gen['dtype']} copy, {args.per_context} replies of {args.response_len} tokens "
+        "per context, temperature 1):",
+        "",
+        "| pass | prompt per row s | prompt once s | speed-up |",
+        "| --- | --- | --- | --- |",
+        f"| generate | {gen_med['per_row']:.3f} | {gen_med['shared']:.3f} | "
+        f"{gen_med['per_row'] / gen_med['shared']:.2f}x |",
+        "",
+        f"Same seed, same sampled tokens in {gen['same_tokens_frac']:.0%} of the replies.",
         "",
     ]
     name = args.results_name

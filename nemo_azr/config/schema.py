@@ -335,6 +335,10 @@ class RLCRConfig:
     # "greedy" (one argmax answer per prompt, not trained: only the confidence turn learns, on the
     # answers a greedy evaluation scores; needs num_generations_answer=1)
     answer_decoding: str = "sample"
+    # two-turn: text the confidence reply starts with, placed after the generation prompt as part of
+    # the turn-2 context (not generated, not trained), e.g. "<confidence>": the model then writes only
+    # the number and the closing tag. Parsed as prefill + reply. "" = the model writes the whole reply
+    confidence_prefill: str = ""
 
 
 @dataclass

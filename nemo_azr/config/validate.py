@@ -447,7 +447,17 @@ def _validate_rlcr(cfg: NemoAzrConfig) -> None:
             f"got {r.num_generations_confidence}",
         )
         _require(bool(r.confidence_prompt.strip()), "rlcr.confidence_prompt must not be empty")
+        _require(
+            "</confidence>" not in r.confidence_prefill,
+            "rlcr.confidence_prefill must not close the <confidence> tag (the model writes the number "
+            f"and the closing tag), got {r.confidence_prefill!r}",
+        )
     else:
+        _require(
+            not r.confidence_prefill,
+            "rlcr.confidence_prefill starts the confidence turn of the two-turn rollout; the single turn "
+            f"has none (set rlcr.confidence_prefill=''), got {r.confidence_prefill!r}",
+        )
         _require(
             cfg.algorithm.estimator != "rlcr_hierarchical",
             "algorithm.estimator=rlcr_hierarchical needs the two-turn rollout; the single turn uses a "

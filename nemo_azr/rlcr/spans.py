@@ -16,7 +16,7 @@ generated token; a missing closing tag ends it at the last generated token (eos 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nemo_azr.rlcr.parsing import (
     ANALYSIS_OPEN,
@@ -133,9 +133,14 @@ def answer_span_mask(token_ids: Sequence[int], tokenizer) -> list[int]:
     return span.mask(len(token_ids)) if span else []
 
 
-def confidence_span_mask(token_ids: Sequence[int], tokenizer) -> list[int]:
-    """``M_conf`` over the generated ids of a confidence turn: ``<analysis>``/``<confidence>`` .. ``</confidence>``."""
-    span = find_span(
-        token_ids, tokenizer, open_tags=(ANALYSIS_OPEN, CONFIDENCE_OPEN), close_tag=CONFIDENCE_CLOSE
-    )
+def confidence_span_mask(token_ids: Sequence[int], tokenizer, *, prefill: str = "") -> list[int]:
+    """``M_conf`` over the generated ids of a confidence turn: ``<analysis>``/``<confidence>`` .. ``</confidence>``.
+
+    ``prefill`` (``rlcr.confidence_prefill``) is the start of the reply that was placed in the
+    context: when it already opened a tag, the span starts at the first generated token.
+    """
+    open_tags = (ANALYSIS_OPEN, CONFIDENCE_OPEN)
+    span = find_span(token_ids, tokenizer, open_tags=open_tags, close_tag=CONFIDENCE_CLOSE)
+    if span and any(tag in prefill for tag in open_tags):
+        span = replace(span, start=0, has_open=True)
     return span.mask(len(token_ids)) if span else []

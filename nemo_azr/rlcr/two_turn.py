@@ -6,6 +6,7 @@ Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``); with
 back into the conversation as the assistant turn, adds the confidence request, and samples ``G_c``
 confidences per answer; all (prompt, answer) pairs go into ONE generate call. Rewards are fused into
 the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
+``rlcr.confidence_prefill`` starts every confidence reply in its context (parsed as prefill + reply).
 
 Rows: ``sample_type`` answer | confidence, ``group_id`` = prompt, ``subgroup_id`` = answer,
 ``role`` = solver, ``loss_mask`` = the span masks ``M_ans`` / ``M_conf``. Answer rows come first,
@@ -55,6 +56,11 @@ class TwoTurnRLCRWorkflow:
         self.settings = rlcr_settings(cfg)
         self.instruction = format_instruction(self.settings, single_turn=False)
         self.suffix_ids = turn_suffix_ids(tokenizer, self.settings.confidence_prompt)
+        # rlcr.confidence_prefill: the start of the confidence reply, in the context (not generated)
+        self.prefill = self.settings.confidence_prefill
+        self.prefill_ids = (
+            tokenizer(self.prefill, add_special_tokens=False)["input_ids"] if self.prefill else []
+        )
         seed = getattr(cfg, "seed", 0)
         self._warmup_rng = random.Random(seed + WARMUP_SEED_SALT)
 
@@ -123,8 +129,9 @@ class TwoTurnRLCRWorkflow:
                         FORMAT_OK: answer_format_ok(sample.text),
                     },
                 )
-                context = continue_conversation(
-                    prompt_ids[i], sample.token_ids, self.suffix_ids, tok.eos_token_id
+                context = (
+                    continue_conversation(prompt_ids[i], sample.token_ids, self.suffix_ids, tok.eos_token_id)
+                    + self.prefill_ids
                 )
                 pairs.append((i, answer_id, context, acc))
 
@@ -141,12 +148,12 @@ class TwoTurnRLCRWorkflow:
         for (i, answer_id, context, acc), out in zip(pairs, turn2):
             ex = examples[i]
             for h, sample in enumerate(out.samples):
-                c = parse_confidence(sample.text)
+                c = parse_confidence(self.prefill + sample.text)
                 confidences.add(
                     context,
                     sample,
                     reward=brier_reward(acc, c),
-                    span_mask=confidence_span_mask(sample.token_ids, tok),
+                    span_mask=confidence_span_mask(sample.token_ids, tok, prefill=self.prefill),
                     **{
                         F.UID: f"{answer_id}-c{h}",
                         F.GROUP_ID: f"s{step}-p{i}",
@@ -204,8 +211,10 @@ class TwoTurnRLCRWorkflow:
             )
             if self.settings.warmup_answer_turn:
                 pairs.append((prompt, answer))
-            context = continue_conversation(prompt, answer, self.suffix_ids, tok.eos_token_id)
-            pairs.append((context, _target_ids(tok, confidence_target(rng))))
+            context = (
+                continue_conversation(prompt, answer, self.suffix_ids, tok.eos_token_id) + self.prefill_ids
+            )
+            pairs.append((context, _target_ids(tok, confidence_target(rng, self.prefill))))
         return pairs
 
 

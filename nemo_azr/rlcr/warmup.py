@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 
+from nemo_azr.errors import ConfigError
 from nemo_azr.tasks.base import Example
 
 CONFIDENCE_GRID = tuple(round(0.1 * k, 1) for k in range(1, 10))  # 0.1 .. 0.9
@@ -45,8 +46,16 @@ def answer_target(example: Example, rng: random.Random, *, wrong_frac: float, po
     return f"<think>{think_text(example)}</think><answer>{answer}</answer>"
 
 
-def confidence_target(rng: random.Random) -> str:
-    return (
-        f"<analysis>{rng.choice(ANALYSIS_TEXTS)}</analysis>"
-        f"<confidence>{rng.choice(CONFIDENCE_GRID)}</confidence>"
+def confidence_target(rng: random.Random, prefill: str = "") -> str:
+    """A templated confidence turn; with ``prefill`` (``rlcr.confidence_prefill``, already in the
+    context) only the text after it: ``"<confidence>"`` -> ``"0.3</confidence>"``."""
+    analysis, value = rng.choice(ANALYSIS_TEXTS), rng.choice(CONFIDENCE_GRID)
+    full = f"<analysis>{analysis}</analysis><confidence>{value}</confidence>"
+    for text in (full, f"<confidence>{value}</confidence>"):
+        if text.startswith(prefill):
+            return text[len(prefill) :]
+    raise ConfigError(
+        f"the RLCR warm-up has no confidence target that continues rlcr.confidence_prefill={prefill!r}: "
+        "use a prefill the templated turn starts with ('<analysis>', '<confidence>', '<confidence>0.') "
+        "or no warm-up"
     )

@@ -334,3 +334,39 @@ def test_activation_checkpointing_update_is_quiet_and_exact(tiny_model_path, set
         grads.append(captured[0])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup, monkeypatch):
+    """The n samples of a request share one prompt encoding (its KV cache copied to each row): same
+    tokens and log-probs, under the same seed, as encoding every row's prompt on its own."""
+    _cfg, _tok, _policy, backend, prompts = setup
+    requests = [GenerationRequest(p) for p in (*prompts, prompts[0])]  # a repeated request too
+    sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
+
+    widths = []
+    next_logits = HFGenerationBackend._next_logits
+
+    def spy(self, ids, attn, pos, past):
+        if past is None:
+            widths.append(ids.shape[0])
+        return next_logits(self, ids, attn, pos, past)
+
+    monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
+    torch.manual_seed(3)
+    shared = backend.generate(requests, sampling)
+    assert widths == [len(prompts)]  # 16 rows, 3 distinct prompts encoded
+
+    monkeypatch.setattr(
+        HFGenerationBackend,
+        "_encode_prompts",
+        lambda self, _p, ids, attn, pos: spy(self, ids, attn, pos, None),
+    )
+    torch.manual_seed(3)
+    per_row = backend.generate(requests, sampling)
+    assert widths[-1] == 4 * len(requests)
+    a = [s for o in shared for s in o.samples]
+    b = [s for o in per_row for s in o.samples]
+    assert [s.token_ids for s in a] == [s.token_ids for s in b]
+    assert len({tuple(s.token_ids) for s in a}) > len(prompts)  # the rows did sample differently
+    for x, y in zip(a, b):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=1e-5, atol=1e-5)

@@ -153,3 +153,22 @@ def test_windowed_offsets_equal_the_exact_prefix_method(tok, text):
     exact = _prefix_deltas(ids, tok, text)
     assert "".join(fast) == text
     assert fast == exact
+
+
+@pytest.mark.parametrize(
+    ("prefill", "text"),
+    [
+        ("<confidence>", "0.3</confidence> and then more"),
+        ("<analysis>", "I am sure.</analysis><confidence>0.9</confidence> more"),
+    ],
+)
+def test_confidence_mask_after_a_prefilled_opening_tag_starts_at_the_first_token(tok, prefill, text):
+    """rlcr.confidence_prefill opened the tag in the context: the reply is masked from its first token
+    to the closing tag (without the prefill, a reply holding <confidence> would start there)."""
+    ids = _ids(tok, text)
+    mask = confidence_span_mask(ids, tok, prefill=prefill)
+    end = text.index("</confidence>") + len("</confidence>")
+    assert mask == _expected_mask(tok, ids, 0, end)
+    assert _masked_text(tok, ids, mask).endswith("</confidence>") and mask[-1] == 0
+    if "<confidence>" in text:
+        assert confidence_span_mask(ids, tok)[0] == 0

@@ -1,5 +1,6 @@
 """RLCR workflows with a scripted generation backend: rows, ids, masks, fused rewards, warm-up pairs."""
 
+import random
 import re
 
 import pytest
@@ -13,6 +14,7 @@ from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rlcr import RLCR_INFO_KEY, SingleTurnRLCRWorkflow, TwoTurnRLCRWorkflow
 from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, HAS_CONFIDENCE
+from nemo_azr.rlcr.warmup import confidence_target
 from nemo_azr.rollout.base import GenerationOutput, Sample, SamplingParams
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.tasks.arithmetic import ArithmeticTask
@@ -343,3 +345,63 @@ def test_two_turn_greedy_answers_train_only_the_confidence_turn(tok, tiny_cache)
             target = expected[batch[F.SUBGROUP_ID][i]][h]
             assert row.numel() > 0 and row.float().allclose(torch.full_like(row.float(), target), atol=1e-6)
     assert expected["s0-p0-a0"][0] > 0 > expected["s0-p1-a0"][0]  # sure pays when right, costs when wrong
+
+
+def test_two_turn_confidence_prefill_is_context_parsed_with_the_reply(tok, tiny_cache):
+    """rlcr.confidence_prefill: the confidence reply's start sits at the end of every turn-2 context
+    (not generated, not trained); the model's "0.3</confidence>" parses as prefill + reply, and the loss
+    mask covers the number and the closing tag from the first generated token."""
+    cfg = _cfg(tiny_cache, 'rlcr.confidence_prefill="<confidence>"', "rlcr.num_generations_confidence=2")
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    answers = ["<think>3 + 4</think><answer>7</answer>"]  # right for prompt 0, wrong for prompt 1
+    backend = ScriptedBackend(tok, answers, ["0.8</confidence> and more", "high</confidence>"])
+    batch = wf.run(_examples(), backend, SamplingParams(n=4, temperature=0.7, max_new_tokens=30), step=0)
+    validate_batch(batch, "reward")
+
+    prefill_ids = tok("<confidence>", add_special_tokens=False)["input_ids"]
+    (_, _, _), (_, contexts, _) = backend.calls
+    for context in contexts:
+        assert context[-len(prefill_ids) :] == prefill_ids
+        assert cfg.rlcr.confidence_prompt in tok.decode(context[: -len(prefill_ids)])
+    rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
+    assert len(rows) == 2 * 4 * 2
+    for i in rows:
+        h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+        acc = batch[ANSWER_CORRECT][i]
+        if h == 0:  # "0.8</confidence> and more": Brier 1 - (acc - 0.8)^2
+            assert batch[CONFIDENCE][i] == pytest.approx(0.8)
+            assert float(batch[F.REWARDS][i]) == pytest.approx(1 - (acc - 0.8) ** 2)
+        else:  # "high" does not parse: reward 0
+            assert batch[CONFIDENCE][i] is None and float(batch[F.REWARDS][i]) == 0.0
+        ids, mask = batch[F.INPUT_IDS][i].tolist(), batch[F.LOSS_MASK][i].tolist()
+        first = mask.index(1)
+        assert ids[first - len(prefill_ids) : first] == prefill_ids  # the prefill is context, not trained
+        kept = tok.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=True)
+        assert kept == ("0.8</confidence>" if h == 0 else "high</confidence>")
+
+
+@pytest.mark.parametrize(
+    ("prefill", "expected"),
+    [
+        ("<confidence>", r"0\.\d</confidence>"),
+        ("<confidence>0.", r"\d</confidence>"),
+        ("<analysis>", r".+</analysis>"),
+    ],
+)
+def test_sft_pairs_continue_the_confidence_prefill(tok, tiny_cache, prefill, expected):
+    cfg = _cfg(tiny_cache, f'rlcr.confidence_prefill="{prefill}"')
+    wf = TwoTurnRLCRWorkflow(ArithmeticTask(cfg.data), tok, cfg)
+    prefill_ids = tok(prefill, add_special_tokens=False)["input_ids"]
+    for context, target in wf.sft_pairs(ArithmeticTask(cfg.data).examples[:6])[1::2]:
+        assert context[-len(prefill_ids) :] == prefill_ids
+        text = tok.decode(target, skip_special_tokens=True)
+        assert re.match(expected, text) and text.endswith("</confidence>")
+
+
+def test_confidence_prefill_validation(tiny_cache):
+    with pytest.raises(ConfigError, match="must not close the <confidence> tag"):
+        _cfg(tiny_cache, 'rlcr.confidence_prefill="<confidence>0.5</confidence>"')
+    with pytest.raises(ConfigError, match="single turn has none"):
+        load_config(["experiment=rlcr_single_turn", 'rlcr.confidence_prefill="<confidence>"'])
+    with pytest.raises(ConfigError, match="no confidence target that continues"):
+        confidence_target(random.Random(0), "<think>")
