@@ -1,8 +1,9 @@
 """A question-answering set generated locally, with answers a program can check.
 
-Five kinds, from easy to hard for a small model, so that a calibrated model should be more confident
+Six kinds, from easy to hard for a small model, so that a calibrated model should be more confident
 on some than on others (what RLCR trains):
 
+- ``single_lookup``: a one-row table; read its value ("Prices: kiwi 16. What is the price of kiwi?");
 - ``pair_lookup``: a two-row table; read one value (SmolLM2-135M: right about half the time sampled);
 - ``table_lookup``: a four-row table; read one value ("What is the price of the plum?" -> 57);
 - ``table_max``: the same tables; which entry is largest (-> "plum");
@@ -32,9 +33,9 @@ TABLES = (
     ("Heights", "height", "tree", ("oak", "pine", "elm", "birch", "maple", "cedar", "ash", "willow")),
     ("Ages", "age", "person", ("Anna", "Ben", "Carl", "Dina", "Emil", "Fay", "Gus", "Hana")),
 )
+LOOKUP_ROWS = {"single_lookup": 1, "pair_lookup": 2, "table_lookup": 4}
 TABLE_ROWS = 4
-PAIR_ROWS = 2
-KINDS = ("pair_lookup", "table_lookup", "table_max", "word_add", "word_sub")
+KINDS = ("single_lookup", "pair_lookup", "table_lookup", "table_max", "word_add", "word_sub")
 MIN_VALUE, MAX_VALUE = 10, 99
 
 
@@ -51,8 +52,8 @@ def _table_text(title: str, rows: list[tuple[str, int]]) -> str:
 
 def make_question(kind: str, rng: random.Random) -> tuple[str, str]:
     """(question, answer) of one ``kind``."""
-    if kind in ("pair_lookup", "table_lookup", "table_max"):
-        title, column, entry_kind, rows = _table(rng, PAIR_ROWS if kind == "pair_lookup" else TABLE_ROWS)
+    if kind in (*LOOKUP_ROWS, "table_max"):
+        title, column, entry_kind, rows = _table(rng, LOOKUP_ROWS.get(kind, TABLE_ROWS))
         if kind != "table_max":
             name, value = rng.choice(rows)
             return f"{_table_text(title, rows)} What is the {column} of {name}?", str(value)

@@ -121,15 +121,17 @@ def test_held_out_split_is_disjoint_seeded_and_sized() -> None:
 def test_synthetic_qa_answers_follow_from_the_questions() -> None:
     import re
 
-    task = build_task(DataConfig(task="synthetic_qa"), "all")
+    cfg = DataConfig(task="synthetic_qa")
+    cfg.synthetic_qa.kinds = ["single_lookup", *cfg.synthetic_qa.kinds]
+    task = build_task(cfg, "all")
     assert len(task.examples) == 2000
     kinds = [e.meta["kind"] for e in task.examples]
-    assert kinds[:5] == ["pair_lookup", "table_lookup", "table_max", "word_add", "word_sub"]
+    assert kinds[:6] == ["single_lookup", "pair_lookup", "table_lookup", "table_max", "word_add", "word_sub"]
     for e in task.examples:  # recompute every answer from the question text alone
         kind = e.meta["kind"]
         if kind.endswith(("lookup", "max")):
             rows = dict(re.findall(r"(\w+) (\d+)[,.]", e.question.split("?")[0]))
-            assert len(rows) == (2 if kind == "pair_lookup" else 4)
+            assert len(rows) == {"single_lookup": 1, "pair_lookup": 2}.get(kind, 4)
             if kind.endswith("lookup"):
                 name = re.search(r"of (\w+)\?$", e.question).group(1)
                 assert e.answer == rows[name]
@@ -138,7 +140,7 @@ def test_synthetic_qa_answers_follow_from_the_questions() -> None:
         else:
             a, b = (int(x) for x in re.findall(r"\d+", e.question))
             assert int(e.answer) == (a + b if kind == "word_add" else a - b) and int(e.answer) >= 0
-    again = build_task(DataConfig(task="synthetic_qa"), "all")
+    again = build_task(cfg, "all")
     assert [e.question for e in again.examples] == [e.question for e in task.examples]
     assert task.reward(task.examples[1], f"<answer>{task.examples[1].answer}</answer>") == 1.0
 
