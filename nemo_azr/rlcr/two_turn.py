@@ -38,7 +38,7 @@ from nemo_azr.rlcr.common import (
     turn_metrics,
     turn_suffix_ids,
 )
-from nemo_azr.rlcr.parsing import answer_format_ok, parse_confidence
+from nemo_azr.rlcr.parsing import answer_format_ok, extract_answer_tag, parse_confidence
 from nemo_azr.rlcr.rewards import answer_accuracy, brier_reward
 from nemo_azr.rlcr.spans import answer_span_mask, confidence_span_mask
 from nemo_azr.rlcr.warmup import answer_target, confidence_target
@@ -47,6 +47,7 @@ from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.tasks.base import Example, Task
 
 WARMUP_SEED_SALT = 4099
+PROMPT_FIELDS = ("{question}", "{answer}")  # placeholders of rlcr.confidence_prompt
 
 
 class TwoTurnRLCRWorkflow:
@@ -56,6 +57,7 @@ class TwoTurnRLCRWorkflow:
         self.settings = rlcr_settings(cfg)
         self.instruction = format_instruction(self.settings, single_turn=False)
         self.suffix_ids = turn_suffix_ids(tokenizer, self.settings.confidence_prompt)
+        self._templated = any(k in self.settings.confidence_prompt for k in PROMPT_FIELDS)
         # rlcr.confidence_prefill: the start of the confidence reply, in the context (not generated)
         self.prefill = self.settings.confidence_prefill
         self.prefill_ids = (
@@ -63,6 +65,16 @@ class TwoTurnRLCRWorkflow:
         )
         seed = getattr(cfg, "seed", 0)
         self._warmup_rng = random.Random(seed + WARMUP_SEED_SALT)
+
+    def _suffix(self, example: Example, answer_text: str) -> list[int]:
+        """The confidence request's ids; ``{question}`` / ``{answer}`` in ``rlcr.confidence_prompt`` are
+        replaced by the question and the answer as stated (its ``<answer>`` tag, else the reply)."""
+        if not self._templated:
+            return self.suffix_ids
+        stated = extract_answer_tag(answer_text)
+        answer = stated if stated is not None else answer_text.strip()
+        text = self.settings.confidence_prompt.replace("{question}", example.question)
+        return turn_suffix_ids(self.tokenizer, text.replace("{answer}", answer))
 
     @property
     def rows_per_prompt(self) -> int:
@@ -130,7 +142,9 @@ class TwoTurnRLCRWorkflow:
                     },
                 )
                 context = (
-                    continue_conversation(prompt_ids[i], sample.token_ids, self.suffix_ids, tok.eos_token_id)
+                    continue_conversation(
+                        prompt_ids[i], sample.token_ids, self._suffix(ex, sample.text), tok.eos_token_id
+                    )
                     + self.prefill_ids
                 )
                 pairs.append((i, answer_id, context, acc))
@@ -212,7 +226,13 @@ class TwoTurnRLCRWorkflow:
             if self.settings.warmup_answer_turn:
                 pairs.append((prompt, answer))
             context = (
-                continue_conversation(prompt, answer, self.suffix_ids, tok.eos_token_id) + self.prefill_ids
+                continue_conversation(
+                    prompt,
+                    answer,
+                    self._suffix(ex, tok.decode(answer, skip_special_tokens=True)),
+                    tok.eos_token_id,
+                )
+                + self.prefill_ids
             )
             pairs.append((context, _target_ids(tok, confidence_target(rng, self.prefill))))
         return pairs

@@ -13,7 +13,7 @@ from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rlcr import RLCR_INFO_KEY, SingleTurnRLCRWorkflow, TwoTurnRLCRWorkflow
-from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, HAS_CONFIDENCE
+from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, HAS_CONFIDENCE, turn_suffix_ids
 from nemo_azr.rlcr.warmup import confidence_target
 from nemo_azr.rollout.base import GenerationOutput, Sample, SamplingParams
 from nemo_azr.rollout.single_turn import encode_prompt
@@ -405,3 +405,37 @@ def test_confidence_prefill_validation(tiny_cache):
         load_config(["experiment=rlcr_single_turn", 'rlcr.confidence_prefill="<confidence>"'])
     with pytest.raises(ConfigError, match="no confidence target that continues"):
         confidence_target(random.Random(0), "<think>")
+
+
+def test_two_turn_confidence_prompt_restates_question_and_answer(tok, tiny_cache):
+    """{question} / {answer} in rlcr.confidence_prompt become each example's question and the answer
+    as stated in its tag (the whole reply when it has none), in turn 2's context and in the warm-up's."""
+    prompt = "Q: {question} A: {answer}. Sure?"
+    cfg = _cfg(
+        tiny_cache,
+        f'rlcr.confidence_prompt="{prompt}"',
+        "rlcr.num_generations_answer=2",
+        "rlcr.num_generations_confidence=2",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    answers = ["<think>3 + 4</think><answer>7</answer>", "eight"]
+    backend = ScriptedBackend(tok, answers, ["<confidence>0.5</confidence>"])
+    wf.run(_examples(), backend, SamplingParams(n=2, temperature=0.7, max_new_tokens=30), step=0)
+    (_, _, _), (_, contexts, _) = backend.calls
+    texts = [tok.decode(c) for c in contexts]
+    expected = [  # prompt-major, then answer: each prompt got both scripted answers
+        "Q: What is 3 + 4? A: 7. Sure?",
+        "Q: What is 3 + 4? A: eight. Sure?",
+        "Q: What is 1 + 1? A: 7. Sure?",
+        "Q: What is 1 + 1? A: eight. Sure?",
+    ]
+    assert len(texts) == len(expected)
+    for text, request in zip(texts, expected):
+        assert request in text
+    example = _examples()[0]
+    (_, _), (context, _) = wf.sft_pairs([example])
+    assert "Q: What is 3 + 4? A: " in tok.decode(context)
+    plain = _cfg(tiny_cache, "rlcr.num_generations_confidence=2")
+    assert WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(plain.data), tok, plain)._suffix(example, "x") == (
+        turn_suffix_ids(tok, plain.rlcr.confidence_prompt)
+    )
