@@ -244,11 +244,23 @@ def _sample_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _machine(m: dict) -> str:
+    return f"{m['cpu']}, {m['cores']} cores, {m['mem_gib']:.0f} GiB"
+
+
+def _machines(results: dict, meta: dict) -> str:
+    """The machines the experiments ran on (each section names its own)."""
+    names = dict.fromkeys(_machine(r.get("machine", meta)) for r in results.values()) or {
+        _machine(meta): None
+    }
+    return " or ".join(names)
+
+
 def write_report(results: dict, meta: dict) -> None:
     lines = [
         "# Real model: SmolLM2-135M-Instruct, before and after training",
         "",
-        f"Machine: {meta['cpu']}, {meta['cores']} cores, {meta['mem_gib']:.0f} GiB; CPU only, 2 torch threads; "
+        f"Machine: {_machines(results, meta)}; CPU only, 2 torch threads; "
         "fp32 weights and optimizer, the decoder's forward/backward and the rollout in bf16 (the experiments' "
         "`model.autocast_dtype` / `generation.dtype`, docs/real_model.md).  ",
         "Command per experiment: `.venv/bin/python benchmarks/real_model.py --experiment NAME` "
@@ -301,7 +313,8 @@ def write_report(results: dict, meta: dict) -> None:
             "",
             f"## {name}",
             "",
-            f"Overrides: `{' '.join(res['overrides']) or '(none)'}`; run {res['date']}.",
+            f"Overrides: `{' '.join(res['overrides']) or '(none)'}`; run {res['date']} on "
+            f"{_machine(res.get('machine', meta))}.",
             "",
         ]
         if res.get("note"):
