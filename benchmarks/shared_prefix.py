@@ -68,7 +68,7 @@ def rlcr_batch(contexts: int, per_context: int, context_len: int, response_len: 
 class PerRowPromptBackend(HFGenerationBackend):
     """The reference: every row encodes its own copy of its prompt."""
 
-    def _encode_prompts(self, prompts, ids, attn, pos):
+    def _encode_prompts(self, ids, attn, pos):
         return self._next_logits(ids, attn, pos, None)
 
 

@@ -36,6 +36,21 @@ def shared_prefix_width(loss_mask: torch.Tensor | None, width: int) -> int:
     return int(first.min())
 
 
+def distinct_rows(
+    ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows with the same (ids, mask) content: ``(first, inverse)``, the first row of each distinct
+    content and each row's index into ``first``; ``None`` when every row differs."""
+    b = ids.shape[0]
+    key = torch.cat([ids, attention_mask.to(ids.dtype)], dim=1)
+    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+    if unique.shape[0] == b:
+        return None
+    first = torch.full((unique.shape[0],), b, dtype=torch.long, device=ids.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(b, device=ids.device), reduce="amin")
+    return first, inverse
+
+
 def shared_prefix_decoder_forward(
     decoder: torch.nn.Module,
     ids: torch.Tensor,
@@ -50,12 +65,10 @@ def shared_prefix_decoder_forward(
     p = min(prefix_width, t)
     if p < 1 or b < 2:
         return None
-    key = torch.cat([ids[:, :p], attention_mask[:, :p].to(ids.dtype)], dim=1)
-    unique, inverse = torch.unique(key, dim=0, return_inverse=True)
-    if unique.shape[0] == b:
+    groups = distinct_rows(ids[:, :p], attention_mask[:, :p])
+    if groups is None:
         return None
-    first = torch.full((unique.shape[0],), b, dtype=torch.long, device=ids.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(b, device=ids.device), reduce="amin")
+    first, inverse = groups
     cache_kw = cache_keyword(decoder)
     out = decoder(
         input_ids=ids[first, :p],

@@ -76,6 +76,16 @@ class TwoTurnRLCRWorkflow:
         text = self.settings.confidence_prompt.replace("{question}", example.question)
         return turn_suffix_ids(self.tokenizer, text.replace("{answer}", answer))
 
+    def _confidence_context(
+        self, prompt_ids: list[int], answer_ids: list[int], example: Example, answer_text: str
+    ) -> list[int]:
+        """Turn 2's context: the conversation holding the answer, the confidence request, the prefill."""
+        suffix = self._suffix(example, answer_text)
+        return (
+            continue_conversation(prompt_ids, answer_ids, suffix, self.tokenizer.eos_token_id)
+            + self.prefill_ids
+        )
+
     @property
     def rows_per_prompt(self) -> int:
         """Rows one prompt contributes: G_a answers + G_a x G_c confidences."""
@@ -141,12 +151,7 @@ class TwoTurnRLCRWorkflow:
                         FORMAT_OK: answer_format_ok(sample.text),
                     },
                 )
-                context = (
-                    continue_conversation(
-                        prompt_ids[i], sample.token_ids, self._suffix(ex, sample.text), tok.eos_token_id
-                    )
-                    + self.prefill_ids
-                )
+                context = self._confidence_context(prompt_ids[i], sample.token_ids, ex, sample.text)
                 pairs.append((i, answer_id, context, acc))
 
         # --- turn 2: G_c confidences per answer, every (prompt, answer) pair in one call --------
@@ -225,14 +230,8 @@ class TwoTurnRLCRWorkflow:
             )
             if self.settings.warmup_answer_turn:
                 pairs.append((prompt, answer))
-            context = (
-                continue_conversation(
-                    prompt,
-                    answer,
-                    self._suffix(ex, tok.decode(answer, skip_special_tokens=True)),
-                    tok.eos_token_id,
-                )
-                + self.prefill_ids
+            context = self._confidence_context(
+                prompt, answer, ex, tok.decode(answer, skip_special_tokens=True)
             )
             pairs.append((context, _target_ids(tok, confidence_target(rng, self.prefill))))
         return pairs

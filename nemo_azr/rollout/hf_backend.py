@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from nemo_azr.models.shared_prefix import cache_keyword
+from nemo_azr.models.shared_prefix import cache_keyword, distinct_rows
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
 
@@ -128,22 +128,18 @@ class HFGenerationBackend:
         last = out.last_hidden_state[:, -1].contiguous()
         return self.model.get_output_embeddings()(last).float(), getattr(out, self._cache_kw)
 
-    def _encode_prompts(self, prompts: list[list[int]], ids, attn, pos) -> tuple[torch.Tensor, object]:
+    def _encode_prompts(self, ids, attn, pos) -> tuple[torch.Tensor, object]:
         """Logits of each prompt's last position and the KV cache, every distinct prompt encoded once.
 
         The ``n`` samples of a request (and the confidences of one RLCR answer) share their prompt:
         it runs through the model once and its keys and values are copied to its rows, instead of
         encoding hundreds of identical tokens ``n`` times (the prompt dominates short replies).
         """
-        first: dict[tuple[int, ...], int] = {}
-        rows = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
-        unique = sorted(set(rows))
-        if len(unique) == len(prompts):
+        groups = distinct_rows(ids, attn)  # left-padded to one width: same prompt, same row
+        if groups is None:
             return self._next_logits(ids, attn, pos, None)
-        index = torch.tensor(unique, device=ids.device)
-        logits, past = self._next_logits(ids[index], attn[index], pos[index], None)
-        position = {row: k for k, row in enumerate(unique)}
-        inverse = torch.tensor([position[r] for r in rows], device=ids.device)
+        first, inverse = groups
+        logits, past = self._next_logits(ids[first], attn[first], pos[first], None)
         past.batch_select_indices(inverse)
         return logits[inverse], past
 
@@ -157,7 +153,7 @@ class HFGenerationBackend:
             ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
             attn[i, width - len(p) :] = 1
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        logits, past = self._encode_prompts(prompts, ids, attn, pos)
+        logits, past = self._encode_prompts(ids, attn, pos)
         next_pos = pos[:, -1:] + 1
 
         tokens = torch.full((b, sp.max_new_tokens), self.pad_id, dtype=torch.long, device=device)

@@ -359,7 +359,7 @@ def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup,
     monkeypatch.setattr(
         HFGenerationBackend,
         "_encode_prompts",
-        lambda self, _p, ids, attn, pos: spy(self, ids, attn, pos, None),
+        lambda self, ids, attn, pos: spy(self, ids, attn, pos, None),
     )
     torch.manual_seed(3)
     per_row = backend.generate(requests, sampling)
