@@ -11,6 +11,7 @@ import torch
 from nemo_azr.algorithms.advantages import rewards_at_last_token
 from nemo_azr.algorithms.aggregation import aggregate_loss, masked_mean
 from nemo_azr.algorithms.kl import check_kl_mode, kl_penalty
+from nemo_azr.algorithms.off_policy import rollout_is_weights
 from nemo_azr.config.schema import AlgorithmConfig
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.batch import Batch
@@ -30,6 +31,7 @@ def policy_objective(
     num_tokens: float | None = None,
     num_seqs: int | None = None,
     norm_length: int | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss and float metrics from ``logprobs/old_logprobs/advantages/loss_mask[B, T]``.
 
@@ -38,6 +40,12 @@ def policy_objective(
     only used with ``kl.mode == "loss"``. ``actor/pg_loss``, ``actor/kl_loss`` and ``actor/entropy`` are
     the aggregated terms (so they add up over micro-batches like the loss); the ratio metrics
     (``actor/clip_frac`` ...) are means over this call's trained tokens.
+
+    ``rollout_logprobs`` (with ``cfg.off_policy_correction`` tis / mis): the advantages are first
+    weighted by the importance weights ``pi_old / pi_rollout`` (algorithms/off_policy.py), computed
+    here from ``old_logprobs``. The trainer uses this when ``old_logprobs`` are the update's own
+    (detached), so the correction needs no separate log-prob pass; the ``off_policy/*`` metrics
+    are then this call's.
     """
     shape = logprobs.shape
     for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("loss_mask", loss_mask)):
@@ -47,6 +55,21 @@ def policy_objective(
             )
     check_kl_mode(cfg.kl.mode)
     loss_fn = POLICY_LOSSES.get(cfg.loss)
+    is_metrics: dict[str, float] = {}
+    if rollout_logprobs is not None:
+        if rollout_logprobs.shape != shape:
+            raise BatchContractError(
+                f"policy_objective: rollout_logprobs is {list(rollout_logprobs.shape)}, logprobs is {list(shape)}"
+            )
+        weights, is_metrics = rollout_is_weights(
+            old_logprobs,
+            rollout_logprobs.to(old_logprobs.device),
+            loss_mask,
+            mode=cfg.off_policy_correction,
+            cap=cfg.is_cap,
+            level=cfg.is_level,
+        )
+        advantages = advantages * weights.to(advantages.dtype)
 
     def agg(values: torch.Tensor) -> torch.Tensor:
         return aggregate_loss(
@@ -64,7 +87,7 @@ def policy_objective(
     )
     pg_loss = agg(loss_mat)
     loss = pg_loss
-    metrics = {"actor/pg_loss": float(pg_loss.detach())}
+    metrics = {"actor/pg_loss": float(pg_loss.detach()), **is_metrics}
     metrics.update({f"actor/{k}": float(v) for k, v in loss_metrics.items()})
 
     if cfg.kl.coef > 0 and cfg.kl.mode == "loss":

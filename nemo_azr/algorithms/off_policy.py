@@ -25,6 +25,52 @@ IS_LEVELS = ("token", "sequence")
 MAX_LOG_RATIO = 20.0
 
 
+def _ratio_and_over(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float,
+    level: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(log_ratio, ratio, over)`` ``[B, T]``: masked log-ratios, the per-token or per-sequence
+    ratio, and where it exceeds ``cap`` (on the mask)."""
+    log_ratio = (old_logprobs.detach().float() - rollout_logprobs.float()) * mask
+    if level == "sequence":
+        per_row = log_ratio.sum(dim=-1, keepdim=True).clamp(max=MAX_LOG_RATIO)
+        ratio = per_row.exp().expand_as(log_ratio)
+    elif level == "token":
+        ratio = log_ratio.clamp(max=MAX_LOG_RATIO).exp()
+    else:
+        raise ValueError(f"unknown importance-sampling level {level!r}; expected token or sequence")
+    return log_ratio, ratio, (ratio > cap) & mask
+
+
+def _weights(
+    ratio: torch.Tensor, over: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> torch.Tensor:
+    if mode not in ("tis", "mis"):
+        raise ValueError(f"unknown off-policy correction {mode!r}; expected tis or mis")
+    weights = ratio.clamp(max=cap) if mode == "tis" else ratio.masked_fill(over, 0.0)
+    return (weights * mask).detach()
+
+
+def is_weights(
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    mode: str,
+    cap: float,
+    level: str = "token",
+) -> torch.Tensor:
+    """The importance weights of :func:`rollout_is_weights` alone: no metrics, so no host sync
+    (the fused loss calls it once per token chunk). Any leading shape; the last dim is the row's tokens."""
+    mask = loss_mask > 0
+    _, ratio, over = _ratio_and_over(old_logprobs, rollout_logprobs, mask, cap=cap, level=level)
+    return _weights(ratio, over, mask, mode, cap)
+
+
 def rollout_is_weights(
     old_logprobs: torch.Tensor,
     rollout_logprobs: torch.Tensor,
@@ -34,21 +80,11 @@ def rollout_is_weights(
     cap: float,
     level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Importance weights ``[B, T]`` (0 off the loss mask) and their metrics."""
-    if mode not in ("tis", "mis"):
-        raise ValueError(f"unknown off-policy correction {mode!r}; expected tis or mis")
+    """Importance weights ``[B, T]`` (0 off the loss mask) and their metrics (means over the
+    trained tokens; ``masked_frac`` / ``clipped_frac`` of sequences with ``level="sequence"``)."""
     mask = loss_mask > 0
-    log_ratio = (old_logprobs.float() - rollout_logprobs.float()) * mask
-    if level == "sequence":
-        per_row = log_ratio.sum(dim=1, keepdim=True).clamp(max=MAX_LOG_RATIO)
-        ratio = per_row.exp().expand_as(log_ratio)
-    elif level == "token":
-        ratio = log_ratio.clamp(max=MAX_LOG_RATIO).exp()
-    else:
-        raise ValueError(f"unknown importance-sampling level {level!r}; expected token or sequence")
-    over = (ratio > cap) & mask
-    weights = ratio.clamp(max=cap) if mode == "tis" else ratio.masked_fill(over, 0.0)
-    weights = (weights * mask).detach()
+    log_ratio, ratio, over = _ratio_and_over(old_logprobs, rollout_logprobs, mask, cap=cap, level=level)
+    weights = _weights(ratio, over, mask, mode, cap)
     n = max(int(mask.sum()), 1)
     if level == "sequence":
         rows = mask.any(dim=1)

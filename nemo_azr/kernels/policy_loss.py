@@ -37,6 +37,7 @@ from nemo_azr.algorithms.aggregation import aggregate_loss
 from nemo_azr.algorithms.kl import check_kl_mode, kl_penalty
 from nemo_azr.algorithms.losses import cispo, ppo_clip
 from nemo_azr.algorithms.objective import policy_objective
+from nemo_azr.algorithms.off_policy import is_weights, rollout_is_weights
 from nemo_azr.config.schema import AlgorithmConfig
 from nemo_azr.errors import BatchContractError
 from nemo_azr.kernels.backend import get_row_ops, resolve_backend
@@ -96,16 +97,27 @@ class _TokenTerms:
     old: torch.Tensor | None  # None: on-policy, the current log-probs (detached)
     ref: torch.Tensor | None  # None: no KL term
     need_entropy: bool
+    rollout: torch.Tensor | None = None  # with old=None: token-level IS weights pi_old / pi_rollout
 
     def d_logprobs(self, lp: torch.Tensor, s: int, e: int) -> torch.Tensor:
         """``dL/dlogp[s:e]`` by autograd through the core's loss and KL formulas on the chunk."""
         with torch.enable_grad():
             x = lp.detach().requires_grad_(True)
             old = x.detach() if self.old is None else self.old[s:e]
+            advantages = self.advantages[s:e]
+            if self.rollout is not None:  # token-level weights: chunk-local, like the loss
+                advantages = advantages * is_weights(
+                    old,
+                    self.rollout[s:e],
+                    self.mask[s:e],
+                    mode=self.cfg.off_policy_correction,
+                    cap=self.cfg.is_cap,
+                    level="token",
+                )
             loss_mat, _ = self.loss_fn(
                 logprobs=x,
                 old_logprobs=old,
-                advantages=self.advantages[s:e],
+                advantages=advantages,
                 loss_mask=self.mask[s:e],
                 cfg=self.cfg,
             )
@@ -222,6 +234,7 @@ def fused_linear_policy_loss(
     cfg: AlgorithmConfig,
     old_logprobs: torch.Tensor | None = None,
     ref_logprobs: torch.Tensor | None = None,
+    rollout_logprobs: torch.Tensor | None = None,
     num_tokens: float | None = None,
     num_seqs: int | None = None,
     norm_length: int | None = None,
@@ -240,7 +253,9 @@ def fused_linear_policy_loss(
     with ``loss_mask > 0`` are computed, the others get log-prob 0 exactly as the policy's own
     ``token_logprobs`` gives them. ``advantages``, ``loss_mask``, ``old_logprobs`` (None: on-policy,
     the current log-probs detached) and ``ref_logprobs`` are ``[B, T]``; ``num_tokens``,
-    ``num_seqs``, ``norm_length`` and ``cfg`` mean what they mean for ``policy_objective``.
+    ``num_seqs``, ``norm_length``, ``rollout_logprobs`` and ``cfg`` mean what they mean for
+    ``policy_objective`` (the single pass applies the importance weights per token chunk, so only
+    ``cfg.is_level="token"`` there).
     ``compute_entropy`` (default: ``cfg.entropy_coef > 0``) adds the entropy term and the
     ``actor/entropy`` metric. With ``process_group``, ``weight`` is this rank's vocab shard starting
     at ``vocab_start`` (default ``rank * V_local``). Returns ``(loss, metrics)``; gradients reach
@@ -255,8 +270,19 @@ def fused_linear_policy_loss(
         _check_bt(name, t, shape)
     _check_bt("old_logprobs", old_logprobs, shape)
     _check_bt("ref_logprobs", ref_logprobs, shape)
+    _check_bt("rollout_logprobs", rollout_logprobs, shape)
     check_kl_mode(cfg.kl.mode)
     loss_fn = POLICY_LOSSES.get(cfg.loss)
+    if (
+        rollout_logprobs is not None
+        and old_logprobs is None
+        and loss_fn in TOKEN_LOCAL_LOSSES
+        and cfg.is_level != "token"
+    ):
+        raise BatchContractError(
+            "fused_linear_policy_loss: sequence-level importance weights need the whole row's log-probs "
+            "before any token's gradient; pass old_logprobs weighted beforehand (the trainer does)"
+        )
     use_kl = cfg.kl.coef > 0 and cfg.kl.mode == "loss"
     if use_kl and ref_logprobs is None:
         raise BatchContractError(
@@ -273,9 +299,19 @@ def fused_linear_policy_loss(
     def to_dev(x):
         return None if x is None else x.to(device)
 
-    advantages, loss_mask, old_logprobs, ref_logprobs = map(
-        to_dev, (advantages, loss_mask, old_logprobs, ref_logprobs)
+    advantages, loss_mask, old_logprobs, ref_logprobs, rollout_logprobs = map(
+        to_dev, (advantages, loss_mask, old_logprobs, ref_logprobs, rollout_logprobs)
     )
+    pre_metrics: dict[str, float] = {}
+    if rollout_logprobs is not None and old_logprobs is not None:
+        # Given old log-probs fix the weights before the pass: weight the advantages once, here.
+        weights, pre_metrics = rollout_is_weights(
+            old_logprobs, rollout_logprobs, loss_mask,
+            mode=cfg.off_policy_correction, cap=cfg.is_cap, level=cfg.is_level,
+        )  # fmt: skip
+        advantages, rollout_logprobs = advantages * weights.to(advantages.dtype), None
+    # Without old log-probs the weights come from the pass's own (detached) log-probs, chunk by chunk.
+    rollout_in_kernel = None if rollout_logprobs is None else rollout_logprobs[sel].float()
     temperature, chunk_size, ignore_index = float(temperature), int(chunk_size), int(ignore_index)
     anchor = None
     if loss_fn in TOKEN_LOCAL_LOSSES:
@@ -291,6 +327,7 @@ def fused_linear_policy_loss(
             old=None if old_logprobs is None else old_logprobs[sel].float(),
             ref=ref_logprobs[sel].float() if use_kl else None,
             need_entropy=need_entropy,
+            rollout=rollout_in_kernel,
         )
         anchor, lp, ent = _FusedLinearPolicyLoss.apply(
             h_sel, weight, t_sel, terms, ops, temperature, chunk_size, ignore_index,
@@ -325,7 +362,8 @@ def fused_linear_policy_loss(
         num_tokens=num_tokens,
         num_seqs=num_seqs,
         norm_length=norm_length,
+        rollout_logprobs=rollout_logprobs,
     )
     if anchor is not None:
         loss = loss.detach() + anchor
-    return loss, metrics
+    return loss, {**metrics, **pre_metrics}

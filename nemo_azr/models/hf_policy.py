@@ -235,6 +235,11 @@ class HFPolicy(PPOUpdateMixin):
         fused = self.fused_loss if fused is None else fused
         # On-policy single step without old log-probs: the current ones, detached (see the trainer).
         old = micro[F.OLD_LOGPROBS].to(self.device) if F.OLD_LOGPROBS in micro else None
+        # Off-policy correction with the update's own old log-probs: the weights are computed in
+        # the loss (the trainer then skipped both the old-log-prob pass and weighting the advantages).
+        rollout = None
+        if old is None and alg.off_policy_correction != "none":
+            rollout = micro[F.ROLLOUT_LOGPROBS].to(self.device)
         ref = micro.get(F.REF_LOGPROBS)
         ref = None if ref is None else ref.to(self.device)
         advantages = micro[F.ADVANTAGES].to(self.device)
@@ -259,6 +264,7 @@ class HFPolicy(PPOUpdateMixin):
                 cfg=alg,
                 old_logprobs=shifted(old),
                 ref_logprobs=shifted(ref),
+                rollout_logprobs=shifted(rollout),
                 temperature=self.temperature,
                 backend=self.kernel_backend,
                 chunk_size=self.chunk_size,
@@ -279,6 +285,7 @@ class HFPolicy(PPOUpdateMixin):
             cfg=alg,
             ref_logprobs=ref,
             entropy=entropy,
+            rollout_logprobs=rollout,
             **norms,
         )
         return self._add_value_loss(loss, metrics, hidden, micro, norms)

@@ -28,6 +28,9 @@ SUMMED_METRICS = (
     "critic/vf_loss",
     "critic/loss",
 )
+#: Metrics that are maxima: the largest micro-batch value (the importance weights computed in the
+#: loss, algorithm.off_policy_correction without a separate old-log-prob pass).
+MAX_METRICS = ("off_policy/is_weight_max", "off_policy/is_ratio_max")
 
 
 def add_micro_metrics(
@@ -42,7 +45,10 @@ def add_micro_metrics(
     tokens); the loss goes to ``<prefix>/loss``."""
     acc[f"{prefix}/loss"] += float(loss.detach())
     for k, v in metrics.items():
-        acc[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
+        if k in MAX_METRICS:
+            acc[k] = max(acc.get(k, 0.0), float(v))
+        else:
+            acc[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
 
 
 class PPOUpdateMixin:

@@ -426,10 +426,12 @@ class Trainer:
         batch = rollout.batch
         t_reward = time.perf_counter()
 
+        weights_in_update = False
         if alg.use_rollout_logprobs:
             batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
         elif self._old_logprobs_from_update(len(batch)):
             batch.info[OLD_LOGPROBS_FROM_UPDATE] = True
+            weights_in_update = alg.off_policy_correction != "none"
         else:
             batch[F.OLD_LOGPROBS] = self.policy.compute_logprobs(batch)
             metrics.update(rollout_logprob_gap(batch))  # the generation engine's vs the trainer's
@@ -445,8 +447,10 @@ class Trainer:
 
         advantages, returns = self.estimator(batch, alg)
         if alg.off_policy_correction != "none":  # pi_old / pi_rollout on the policy-gradient term
-            advantages, is_metrics = self._off_policy_weighted(batch, advantages)
-            metrics.update(is_metrics)
+            self._require_rollout_logprobs(batch)
+            if not weights_in_update:  # else the loss weighs with the update's own pi_old
+                advantages, is_metrics = self._off_policy_weighted(batch, advantages)
+                metrics.update(is_metrics)
         batch[F.ADVANTAGES] = advantages
         if returns is not None:
             batch[F.RETURNS] = returns
@@ -553,11 +557,6 @@ class Trainer:
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The advantages times the rollout importance weights (algorithms/off_policy.py)."""
         alg = self.cfg.algorithm
-        if F.ROLLOUT_LOGPROBS not in batch.tensors:
-            raise BatchContractError(
-                f"algorithm.off_policy_correction={alg.off_policy_correction} needs the rollout's log-probs, "
-                f"and the {self.cfg.rollout.workflow!r} workflow's batch has no {F.ROLLOUT_LOGPROBS!r}"
-            )
         weights, metrics = rollout_is_weights(
             batch[F.OLD_LOGPROBS],
             batch[F.ROLLOUT_LOGPROBS],
@@ -568,14 +567,25 @@ class Trainer:
         )
         return advantages * weights.to(advantages.device), metrics
 
+    def _require_rollout_logprobs(self, batch: Batch) -> None:
+        if F.ROLLOUT_LOGPROBS not in batch.tensors:
+            raise BatchContractError(
+                f"algorithm.off_policy_correction={self.cfg.algorithm.off_policy_correction} needs the "
+                f"rollout's log-probs, and the {self.cfg.rollout.workflow!r} workflow's batch has no "
+                f"{F.ROLLOUT_LOGPROBS!r}"
+            )
+
     def _old_logprobs_from_update(self, rows: int) -> bool:
         """True when the update is one on-policy optimizer step over the whole batch: the old
         log-probs then equal the current ones, so the separate no-grad forward pass is skipped."""
         alg = self.cfg.algorithm
         single_step = alg.ppo_epochs == 1 and alg.mini_batch_size in (0, rows)
         needs_old_before_update = self.ref is not None and alg.kl.mode == "reward"
-        # Off-policy correction weighs by pi_old / pi_rollout: it needs pi_old before the update.
-        needs_old_before_update |= alg.off_policy_correction != "none"
+        # Off-policy correction weighs by pi_old / pi_rollout. The hf loss computes token-level
+        # weights from the update's own log-probs (decision 127); sequence-level weights (a row's
+        # whole ratio before any token's gradient) and the megatron loss need pi_old beforehand.
+        if alg.off_policy_correction != "none":
+            needs_old_before_update |= self.cfg.model.backend != "hf" or alg.is_level != "token"
         return alg.reuse_update_logprobs and single_step and not needs_old_before_update
 
     def _skip(

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from nemo_azr.algorithms.objective import policy_objective
+from nemo_azr.algorithms.off_policy import rollout_is_weights
 from nemo_azr.config.schema import AlgorithmConfig
+from nemo_azr.errors import BatchContractError
 from nemo_azr.kernels import fused_linear_policy_loss
 from nemo_azr.kernels.policy_loss import aggregation_weights
 
@@ -81,18 +83,27 @@ def _cfg(agg="token-mean", **kw):
     return cfg
 
 
-def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64):
-    """policy_objective on naive log-probs; returns loss, metrics and the grads of hidden / weight."""
+def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64, rollout=None):
+    """policy_objective on naive log-probs; returns loss, metrics and the grads of hidden / weight.
+    ``rollout``: the advantages are first weighted by ``rollout_is_weights(pi_old, rollout)``."""
     h = p["hidden"].to(dtype).clone().requires_grad_(True)
     w = p["weight"].to(dtype).clone().requires_grad_(True)
     logp_all = torch.log_softmax((h @ w.t()) / p["temperature"], -1)
     mask = p["loss_mask"]
     lp = logp_all.gather(-1, p["targets"][..., None])[..., 0] * mask
     ent = -(logp_all.exp() * logp_all).sum(-1) * mask
+    old = lp.detach() if on_policy else p["old_logprobs"].to(dtype)
+    advantages, is_metrics = p["advantages"].to(dtype), {}
+    if rollout is not None:
+        c = cfg
+        weights, is_metrics = rollout_is_weights(
+            old, rollout, mask, mode=c.off_policy_correction, cap=c.is_cap, level=c.is_level
+        )
+        advantages = advantages * weights.to(dtype)
     loss, metrics = policy_objective(
         logprobs=lp,
-        old_logprobs=lp.detach() if on_policy else p["old_logprobs"].to(dtype),
-        advantages=p["advantages"].to(dtype),
+        old_logprobs=old,
+        advantages=advantages,
         loss_mask=mask.to(dtype),
         cfg=cfg,
         ref_logprobs=p["ref_logprobs"].to(dtype),
@@ -100,10 +111,12 @@ def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64):
         **norms,
     )
     loss.backward()
-    return loss.detach(), metrics, h.grad, w.grad
+    return loss.detach(), {**metrics, **is_metrics}, h.grad, w.grad
 
 
-def _fused(p, cfg, norms, backend, on_policy=False, dtype=torch.float32, chunk_size=1024, rows=None):
+def _fused(
+    p, cfg, norms, backend, on_policy=False, dtype=torch.float32, chunk_size=1024, rows=None, rollout=None
+):
     rows = slice(None) if rows is None else rows
     h = p["hidden"].to(device=DEVICE, dtype=dtype).clone().requires_grad_(True)
     w = p["weight"].to(device=DEVICE, dtype=dtype).clone().requires_grad_(True)
@@ -116,6 +129,7 @@ def _fused(p, cfg, norms, backend, on_policy=False, dtype=torch.float32, chunk_s
         cfg=cfg,
         old_logprobs=None if on_policy else p["old_logprobs"][rows].to(DEVICE),
         ref_logprobs=p["ref_logprobs"][rows].to(DEVICE),
+        rollout_logprobs=None if rollout is None else rollout[rows].to(DEVICE),
         temperature=p["temperature"],
         backend=backend,
         chunk_size=chunk_size,
@@ -161,6 +175,34 @@ def test_fused_plain_clip_k1_no_entropy_on_policy(backend):
     out = _fused(p, cfg, norms, backend, on_policy=True)
     assert out[1]["actor/clip_frac"] == 0.0 and out[1]["actor/ratio_mean"] == 1.0
     _assert_same(out, ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("on_policy", [True, False])
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_fused_importance_weights_match_weighted_advantages(mode, on_policy, backend):
+    """Without old log-probs the weights come from the pass's own log-probs, chunk by chunk; with
+    them they are applied before the pass. Both equal the reference with the advantages weighted."""
+    p = _problem(seed=13)
+    cfg = _cfg("seq-mean-token-mean", off_policy_correction=mode, is_cap=1.3)
+    norms = {"num_tokens": None, "num_seqs": None, "norm_length": None}
+    g = torch.Generator().manual_seed(2)
+    mask = p["loss_mask"]
+    with torch.no_grad():
+        logp = torch.log_softmax(p["hidden"] @ p["weight"].t() / p["temperature"], -1)
+        lp = logp.gather(-1, p["targets"][..., None])[..., 0]
+    rollout = ((lp + 0.4 * torch.randn(lp.shape, generator=g, dtype=lp.dtype)) * mask).float()
+    ref = _reference(p, cfg, norms, on_policy=on_policy, rollout=rollout.double())
+    over = "off_policy/clipped_frac" if mode == "tis" else "off_policy/masked_frac"
+    assert 0 < ref[1][over] < 1  # some weights capped, some not
+    _assert_same(_fused(p, cfg, norms, backend, on_policy=on_policy, chunk_size=5, rollout=rollout), ref)
+
+
+def test_fused_sequence_weights_without_old_logprobs_are_refused():
+    p = _problem(seed=1)
+    cfg = _cfg(off_policy_correction="tis", is_level="sequence")
+    with pytest.raises(BatchContractError, match="sequence-level importance weights"):
+        _fused(p, cfg, {}, "torch", on_policy=True, rollout=p["old_logprobs"])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
