@@ -33,6 +33,21 @@ SUMMED_METRICS = (
 MAX_METRICS = ("off_policy/is_weight_max", "off_policy/is_ratio_max")
 
 
+def micro_metric(key: str, value: float, weight: float) -> float:
+    """One micro-batch metric as it enters the sum over micro-batches: as it is for the summed
+    losses and the maxima, else times ``weight`` (its share of the mini-batch tokens)."""
+    return float(value) if key in SUMMED_METRICS or key in MAX_METRICS else float(value) * weight
+
+
+def merge_rank_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
+    """The data-parallel ranks' metric sums combined: maxima by max, everything else added."""
+    merged: dict[str, float] = defaultdict(float)
+    for part in parts:
+        for k, v in part.items():
+            merged[k] = max(merged.get(k, 0.0), v) if k in MAX_METRICS else merged[k] + v
+    return dict(merged)
+
+
 def add_micro_metrics(
     acc: dict[str, float],
     loss: torch.Tensor,
@@ -48,7 +63,7 @@ def add_micro_metrics(
         if k in MAX_METRICS:
             acc[k] = max(acc.get(k, 0.0), float(v))
         else:
-            acc[k] += float(v) if k in SUMMED_METRICS else float(v) * weight
+            acc[k] += micro_metric(k, v, weight)
 
 
 class PPOUpdateMixin:

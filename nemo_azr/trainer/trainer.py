@@ -581,11 +581,11 @@ class Trainer:
         alg = self.cfg.algorithm
         single_step = alg.ppo_epochs == 1 and alg.mini_batch_size in (0, rows)
         needs_old_before_update = self.ref is not None and alg.kl.mode == "reward"
-        # Off-policy correction weighs by pi_old / pi_rollout. The hf loss computes token-level
-        # weights from the update's own log-probs (decision 127); sequence-level weights (a row's
-        # whole ratio before any token's gradient) and the megatron loss need pi_old beforehand.
+        # Off-policy correction weighs by pi_old / pi_rollout. The loss computes token-level weights
+        # from the update's own log-probs (decision 127); sequence-level weights need a row's whole
+        # ratio before any token's gradient (the fused loss's chunks), so pi_old comes first.
         if alg.off_policy_correction != "none":
-            needs_old_before_update |= self.cfg.model.backend != "hf" or alg.is_level != "token"
+            needs_old_before_update |= alg.is_level != "token"
         return alg.reuse_update_logprobs and single_step and not needs_old_before_update
 
     def _skip(

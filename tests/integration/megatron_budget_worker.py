@@ -22,8 +22,16 @@ import torch
 import torch.distributed as dist
 
 
-def run_variant(model_path: str, overrides: list[str], tensors: dict[str, torch.Tensor]) -> dict:
-    """The variant's results (identical on every rank) and the micro-batch shapes of the update."""
+def run_variant(
+    model_path: str, overrides: list[str], tensors: dict[str, torch.Tensor], *, is_in_loss: bool = False
+) -> dict:
+    """The variant's results (identical on every rank) and the micro-batch shapes of the update.
+
+    With ``algorithm.off_policy_correction`` in ``overrides`` the rollout policy's log-probs are the
+    no-grad ones minus the noise, and either the loss computes the importance weights from its own
+    log-probs (``is_in_loss``: no old log-probs in the batch) or they weigh the advantages first,
+    with the no-grad log-probs as the old ones (the explicit path)."""
+    from nemo_azr.algorithms.off_policy import rollout_is_weights
     from nemo_azr.config.loader import load_config
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
@@ -38,7 +46,18 @@ def run_variant(model_path: str, overrides: list[str], tensors: dict[str, torch.
     batch = Batch({k: v for k, v in tensors.items() if k != "old_noise"})
     norm_length = batch.seq_len
     logprobs = policy.compute_logprobs(batch)
-    batch.tensors[F.OLD_LOGPROBS] = logprobs + tensors["old_noise"] * batch[F.LOSS_MASK]
+    noise = tensors["old_noise"] * batch[F.LOSS_MASK]
+    alg = cfg.algorithm
+    if alg.off_policy_correction == "none":
+        batch.tensors[F.OLD_LOGPROBS] = logprobs + noise
+    elif is_in_loss:
+        batch.tensors[F.ROLLOUT_LOGPROBS] = logprobs - noise
+    else:
+        weights, _ = rollout_is_weights(
+            logprobs, logprobs - noise, batch[F.LOSS_MASK], mode=alg.off_policy_correction, cap=alg.is_cap
+        )
+        batch.tensors[F.OLD_LOGPROBS] = logprobs
+        batch.tensors[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights
     shapes: list[list[int]] = []
     hook = policy.chunks[0].register_forward_pre_hook(lambda _m, args: shapes.append(list(args[0].shape)))
     policy_metrics = policy.update(batch, norm_length=norm_length)
@@ -63,7 +82,8 @@ def main(out_dir: str, spec_file: str) -> None:
     tensors = torch.load(spec["batch_file"])
     for name, extra in spec["variants"].items():
         model_path = spec.get("models", {}).get(name, spec["model_path"])
-        result = run_variant(model_path, [*spec["overrides"], *extra], tensors)
+        is_in_loss = name in spec.get("is_in_loss", ())
+        result = run_variant(model_path, [*spec["overrides"], *extra], tensors, is_in_loss=is_in_loss)
         shapes = result.pop("shapes")
         (out / f"{name}_shapes{dist.get_rank()}.json").write_text(json.dumps(shapes))
         if dist.get_rank() == 0:

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 
+from nemo_azr.algorithms.off_policy import rollout_is_weights  # noqa: E402
 from nemo_azr.contracts import fields as F  # noqa: E402
 from nemo_azr.models.microbatch import token_budget_groups  # noqa: E402
 from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
@@ -57,6 +58,14 @@ VPP = [FOUR_LAYERS, "parallel=tp1pp2", "parallel.virtual_pipeline_model_parallel
 VIRTUAL = {  # name -> overrides, run in the same two processes
     "vpp2_rows": VPP,
     "vpp2_budget": [*VPP, f"algorithm.max_tokens_per_microbatch={BUDGET}"],
+}
+# Token-level importance weights computed in the loss from the update's own log-probs (decision
+# 127): the same update as weighting the advantages first, and the weight maxima combined by max
+# over micro-batches, pipeline micro-batches and data-parallel ranks.
+TIS = ["algorithm.off_policy_correction=tis", "algorithm.is_cap=1.2"]
+IS_IN_LOSS = {  # name -> overrides, run in the same two processes with is_in_loss
+    "dp2_is_in_loss": ["parallel=tp1pp1", *TIS],
+    "pp2_is_in_loss": ["parallel=tp1pp2", *TIS, f"algorithm.max_tokens_per_microbatch={BUDGET}"],
 }
 
 
@@ -174,8 +183,9 @@ def two_process_run(tiny_model_path, four_layer_model_path, tiny_cache, batch, t
     spec = {
         "model_path": str(tiny_model_path),
         "overrides": overrides(tiny_cache),
-        "variants": {**{name: extra for name, (extra, _) in TWO_PROCESS.items()}, **VIRTUAL},
+        "variants": {**{name: extra for name, (extra, _) in TWO_PROCESS.items()}, **VIRTUAL, **IS_IN_LOSS},
         "models": dict.fromkeys(VIRTUAL, str(four_layer_model_path)),
+        "is_in_loss": list(IS_IN_LOSS),
         "batch_file": str(out / "batch.pt"),
     }
     run_torchrun_worker(WORKER, out, spec, timeout=300)
@@ -213,3 +223,40 @@ def test_interleaved_schedule_update_matches_row_micro_batches(name, two_process
     for rank in range(2):  # every stage runs every micro-batch (filler included) on its first chunk
         assert json.loads((two_process_run / f"{name}_shapes{rank}.json").read_text()) == want, rank
     assert_same_update(torch.load(two_process_run / f"{name}.pt"), reference_four_layers)
+
+
+@pytest.fixture(scope="module")
+def is_reference(tiny_model_path, tiny_cache, batch) -> dict:
+    """One process, the advantages weighted by the importance weights before the update."""
+    return run_variant(str(tiny_model_path), [*overrides(tiny_cache), "parallel=tp1pp1", *TIS], batch)
+
+
+def assert_same_is_update(got: dict, want: dict) -> None:
+    """The update, the importance-weight metrics and the weights of ``want``; some weights capped."""
+    actor, ref = got["policy_metrics"], want["policy_metrics"]
+    assert 0 < actor["off_policy/clipped_frac"] < 1 and actor["off_policy/is_ratio_max"] > 1.2
+    assert actor["off_policy/is_weight_max"] == pytest.approx(1.2)
+    for key in ("actor/loss", "actor/pg_loss", "actor/entropy"):
+        assert actor[key] == pytest.approx(ref[key], abs=ATOL), key
+    assert actor["actor/grad_norm"] == pytest.approx(ref["actor/grad_norm"], rel=1e-5)
+    for key, value in want["weights"].items():
+        torch.testing.assert_close(got["weights"][key], value, atol=ATOL, rtol=0, msg=key)
+
+
+def test_single_process_weights_in_the_loss_match_weighted_advantages(
+    is_reference, tiny_model_path, tiny_cache, batch
+):
+    in_loss = [*overrides(tiny_cache), "parallel=tp1pp1", *TIS]
+    got = run_variant(str(tiny_model_path), in_loss, batch, is_in_loss=True)
+    assert_same_is_update(got, is_reference)
+    # The explicit path's metrics, from rollout_is_weights on the whole batch.
+    mask = batch[F.LOSS_MASK]
+    noise = batch["old_noise"] * mask
+    _, want = rollout_is_weights(got["logprobs"], got["logprobs"] - noise, mask, mode="tis", cap=1.2)
+    for key, value in want.items():
+        assert got["policy_metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("name", list(IS_IN_LOSS))
+def test_two_process_weights_in_the_loss_match_weighted_advantages(name, two_process_run, is_reference):
+    assert_same_is_update(torch.load(two_process_run / f"{name}.pt"), is_reference)

@@ -109,7 +109,7 @@ def test_max_metrics_take_the_largest_micro_batch_value():
     [
         ("hf", "token", 1, True),  # weights in the loss: no old-log-prob pass
         ("hf", "sequence", 1, False),  # a row's whole ratio is needed before any token's gradient
-        ("megatron", "token", 1, False),
+        ("megatron", "token", 1, True),  # the megatron loss too
         ("hf", "token", 2, False),  # the second epoch's pi_old is not the update's own
     ],
 )

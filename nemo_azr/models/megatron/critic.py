@@ -29,7 +29,7 @@ from nemo_azr.models.critic_common import CRITIC_DIR, NO_CRITIC_HINT, ValueModel
 from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint, save_dist_checkpoint
 from nemo_azr.models.megatron.logprobs import VALUE_HEAD, megatron_token_values, value_head_outputs
 from nemo_azr.models.megatron.policy import MegatronPolicy
-from nemo_azr.models.ppo_update import SUMMED_METRICS
+from nemo_azr.models.ppo_update import micro_metric
 from nemo_azr.registry import CRITIC_BACKENDS
 
 __all__ = ["MegatronCritic"]
@@ -112,7 +112,7 @@ class MegatronCritic(ValueModelMixin, MegatronPolicy):
                 norm_length=norm_length,
             )
             weight = float(micro[F.LOSS_MASK].sum()) / num_tokens
-            return loss, {k: (v if k in SUMMED_METRICS else v * weight) for k, v in m.items()}
+            return loss, {k: micro_metric(k, v, weight) for k, v in m.items()}
 
         return self.backward_rows(mb, objective, self.optimizer)
 

@@ -70,7 +70,7 @@ from nemo_azr.models.megatron.logprobs import (
 )
 from nemo_azr.models.microbatch import real_lengths, row_groups
 from nemo_azr.models.optim import build_optimizer
-from nemo_azr.models.ppo_update import SUMMED_METRICS, PPOUpdateMixin, add_micro_metrics
+from nemo_azr.models.ppo_update import PPOUpdateMixin, add_micro_metrics, merge_rank_metrics, micro_metric
 from nemo_azr.registry import POLICY_BACKENDS
 
 __all__ = ["MegatronPolicy"]
@@ -355,10 +355,7 @@ class MegatronPolicy(PPOUpdateMixin):
         if dp > 1:
             gathered: list[dict[str, float]] = [{} for _ in range(dp)]
             dist.all_gather_object(gathered, dict(metrics), group=ps.get_data_parallel_group())
-            metrics = defaultdict(float)
-            for part in gathered:
-                for k, v in part.items():
-                    metrics[k] += v
+            metrics = merge_rank_metrics(gathered)
         return dict(metrics)
 
     def _backward_pipelined(self, rows: Batch, loss_fn: MicroLossFn, entropy: bool) -> dict[str, float]:
@@ -417,7 +414,7 @@ class MegatronPolicy(PPOUpdateMixin):
             )
             # Token-weighted metrics: weigh by this micro-batch's share of the mini-batch's tokens.
             weight = float(micro[F.LOSS_MASK].sum()) / num_tokens
-            return loss, {k: (v if k in SUMMED_METRICS else float(v) * weight) for k, v in m.items()}
+            return loss, {k: micro_metric(k, v, weight) for k, v in m.items()}
 
         # The entropy bonus needs the entropies (vocab-parallel, like the log-probs).
         return self.backward_rows(mb, objective, self.optimizer, entropy=self.cfg.algorithm.entropy_coef > 0)
@@ -433,6 +430,11 @@ class MegatronPolicy(PPOUpdateMixin):
         norm_length: int,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         old = micro.get(F.OLD_LOGPROBS)
+        # Off-policy correction with the update's own old log-probs: the weights are computed in
+        # the loss (decision 127).
+        rollout = None
+        if old is None and self.cfg.algorithm.off_policy_correction != "none":
+            rollout = micro[F.ROLLOUT_LOGPROBS].to(logprobs.device)
         return policy_objective(
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if old is None else old.to(logprobs.device),
@@ -444,6 +446,7 @@ class MegatronPolicy(PPOUpdateMixin):
             num_tokens=num_tokens,
             num_seqs=num_seqs,
             norm_length=norm_length,
+            rollout_logprobs=rollout,
         )
 
     def _grad_norm(self) -> float:
