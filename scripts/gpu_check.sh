@@ -8,12 +8,18 @@
 # With .gpu_model/ (a model's config + tokenizer files, e.g. SmolLM2's from the model cache; its weights
 # are too large to carry) it first runs benchmarks/throughput.py on that architecture with random
 # weights (benchmarks/random_weights.py). Each step's time limit: GPU_*_TIMEOUT (seconds).
+# GPU_CHECK_PARTS picks the steps (comma-separated; default all): update (the update on a long-tailed
+# batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list), shared_prefix, tests,
+# trtllm, megatron. All of them take longer than one device call (10 min): split them over calls.
 #   device tool: run(command="GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
+#   the async target alone: run(command="GPU_CHECK_PARTS=e2e GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", ...)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 status=0
+PARTS=",${GPU_CHECK_PARTS:-update,e2e,shared_prefix,tests,trtllm,megatron},"
+part() { [[ "$PARTS" == *",$1,"* ]]; }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())'
@@ -39,33 +45,39 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d .gpu_model ]; then
   model=/tmp/nemo_azr_gpu_model
   python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
-  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update --device cuda \
-    --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 \
+  part update && { timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update \
+    --device cuda --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 \
     --update-overrides model.autocast_dtype=bfloat16 model.kernel_backend=torch --results-name throughput_gpu \
-    >> "$OUT/throughput.log" 2>&1 || status=1
+    >> "$OUT/throughput.log" 2>&1 || status=1; }
   # End to end at 512 responses per step (with 64, generation is 92% of the step and async can only
   # hide the small update): results/throughput_gpu_large.md
-  timeout "${GPU_E2E_TIMEOUT:-480}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
-    --e2e-budget 8192 --results-name throughput_gpu_large \
-    --e2e-cases padded_sync padded_async packed_sync packed_async padded_async_process packed_async_process \
+  e2e_cases=${GPU_E2E_CASES:-padded_sync padded_async packed_sync packed_async padded_async_process packed_async_process}
+  # shellcheck disable=SC2086  # the case list is meant to split into words
+  part e2e && { timeout "${GPU_E2E_TIMEOUT:-480}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
+    --e2e-budget 8192 --results-name throughput_gpu_large --e2e-cases $e2e_cases \
     --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 \
     model.kernel_backend=torch data.prompts_per_step=64 generation.n_samples=8 \
-    --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1
+    --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1; }
   # Shared-prefix forward (RLCR confidence rows' layout): results/shared_prefix_gpu.md
-  timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/shared_prefix.py --device cuda --model "$model" \
-    --contexts 16 --results-name shared_prefix_gpu >> "$OUT/throughput.log" 2>&1 || status=1
+  part shared_prefix && { timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/shared_prefix.py \
+    --device cuda --model "$model" --contexts 16 --results-name shared_prefix_gpu \
+    >> "$OUT/throughput.log" 2>&1 || status=1; }
   cp benchmarks/results/throughput_gpu*.* benchmarks/results/shared_prefix_gpu.* "$OUT/" 2>/dev/null
   tail -n 25 "$OUT/throughput.log"
 fi
 
 # tests/gpu and the Triton kernel tests, which run compiled on a GPU (interpreted on CPU)
-timeout "${GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q tests/gpu tests/unit/test_kernels_triton.py \
-  tests/unit/test_kernels_fused_loss.py tests/unit/test_policy_fused_loss.py -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" \
-  > "$OUT/gpu_tests.log" 2>&1 || status=1
-tail -n 15 "$OUT/gpu_tests.log"
+if part tests; then
+  timeout "${GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q tests/gpu tests/unit/test_kernels_triton.py \
+    tests/unit/test_kernels_fused_loss.py tests/unit/test_policy_fused_loss.py tests/unit/test_off_policy_in_update.py \
+    -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  tail -n 15 "$OUT/gpu_tests.log"
+fi
 
 # generation=trtllm: the backend contract suite against the real TensorRT-LLM (docs/generation.md).
-if python3 -c "import tensorrt_llm" >> "$OUT/trtllm_tests.log" 2>&1; then
+if ! part trtllm; then
+  :
+elif python3 -c "import tensorrt_llm" >> "$OUT/trtllm_tests.log" 2>&1; then
   NEMO_AZR_TRTLLM=real timeout 600 python3 -m pytest -q tests/unit/test_generation_contract.py -k trtllm \
     -p no:cacheprovider --junitxml="$OUT/trtllm_junit.xml" >> "$OUT/trtllm_tests.log" 2>&1 || status=1
   tail -n 15 "$OUT/trtllm_tests.log"
@@ -78,8 +90,10 @@ else
   echo "tensorrt_llm not importable: trtllm contract suite not run (see trtllm_tests.log)"
 fi
 
-timeout "${GPU_BENCH_TIMEOUT:-300}" python3 benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
-tail -n 15 "$OUT/benchmark.log"
+if part megatron; then
+  timeout "${GPU_BENCH_TIMEOUT:-300}" python3 benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
+  tail -n 15 "$OUT/benchmark.log"
+fi
 # GPU_CHECK_PACK=1: everything in $OUT as one archive (the device tool returns at most 8 files)
 if [ "${GPU_CHECK_PACK:-0}" = 1 ]; then
   tar czf /tmp/gpu_check_out.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu_check_out.tgz "$OUT/"
