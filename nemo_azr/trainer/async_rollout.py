@@ -169,6 +169,21 @@ class AsyncRollout:
             self._queue.get_nowait()
 
 
+def uncorrected_lag_warning(cfg) -> str | None:
+    """A warning when batches up to ``max_policy_lag >= 1`` updates old are trained without any
+    correction of the gap (no importance weights, and pi_old is not the rollout's); else None."""
+    alg, ro = cfg.algorithm, cfg.rollout
+    if not ro.async_rollout or ro.max_policy_lag < 1:
+        return None
+    if alg.off_policy_correction != "none" or alg.use_rollout_logprobs:
+        return None
+    return (
+        f"nemo-azr: warning: rollout.max_policy_lag={ro.max_policy_lag} trains on batches sampled by "
+        "weights up to that many updates old, and algorithm.off_policy_correction=none leaves the gap "
+        "uncorrected; set algorithm.off_policy_correction=tis (docs/throughput.md)"
+    )
+
+
 def _device_of(backend) -> torch.device:
     model = getattr(backend, "model", None)
     if isinstance(model, torch.nn.Module):

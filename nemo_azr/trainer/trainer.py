@@ -58,7 +58,7 @@ from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
-from nemo_azr.trainer.async_rollout import AsyncRollout, Rollout
+from nemo_azr.trainer.async_rollout import AsyncRollout, Rollout, uncorrected_lag_warning
 from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.metrics import MetricsLogger
@@ -785,6 +785,9 @@ class Trainer:
         in_process_backend = self.backend
         if cfg.rollout.async_rollout and self.state.step < run_end:
             self._loader_trained = self.loader.state_dict()
+            warning = uncorrected_lag_warning(cfg)
+            if warning:
+                logger.message(warning)
             own_process = cfg.rollout.async_generation == "process"
             if own_process:  # the decode loop in a process of its own; the thread only waits on it
                 logger.message("nemo-azr: starting the generation process (rollout.async_generation=process)")

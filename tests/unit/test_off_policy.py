@@ -70,3 +70,28 @@ def test_on_policy_weights_are_one():
 def test_bad_off_policy_configs(overrides, match):
     with pytest.raises(ConfigError, match=match):
         load_config(overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (["rollout.async_rollout=true", "rollout.max_policy_lag=1"], True),
+        (
+            ["rollout.async_rollout=true", "rollout.max_policy_lag=2", "algorithm.off_policy_correction=tis"],
+            False,
+        ),
+        (
+            ["rollout.async_rollout=true", "rollout.max_policy_lag=1", "algorithm.use_rollout_logprobs=true"],
+            False,
+        ),
+        (["rollout.async_rollout=true", "rollout.max_policy_lag=0"], False),  # the synchronous steps
+        (["rollout.max_policy_lag=3"], False),  # synchronous: the lag never happens
+    ],
+)
+def test_an_uncorrected_lag_is_warned_about(overrides, warned):
+    from nemo_azr.trainer.async_rollout import uncorrected_lag_warning
+
+    warning = uncorrected_lag_warning(load_config(overrides))
+    assert (warning is not None) is warned
+    if warned:
+        assert "max_policy_lag=1" in warning and "off_policy_correction=tis" in warning
