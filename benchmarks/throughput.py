@@ -41,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -224,27 +225,48 @@ def bench_e2e(
     return results
 
 
-def bench_curve(root: Path, seeds: list[int]) -> dict:
-    """Each case once per seed; the reward of the first / last window, mean and spread over seeds."""
-    results = {}
-    for name, ov in CURVE_CASES.items():
-        runs = [train_run(root / "curve" / f"{name}_seed{seed}", [*ov, f"seed={seed}"]) for seed in seeds]
-        first = [statistics.fmean(r["rewards"][:CURVE_WINDOW]) for r in runs]
-        last = [statistics.fmean(r["rewards"][-CURVE_WINDOW:]) for r in runs]
-        results[name] = {
-            "seeds": seeds,
-            "steps": runs[0]["steps"],
-            "reward_first": round(statistics.fmean(first), 4),
-            "reward_last": round(statistics.fmean(last), 4),
-            "reward_last_per_seed": [round(x, 4) for x in last],
-            "reward_last_seed_std": round(statistics.pstdev(last), 4) if len(last) > 1 else None,
-            "step_s_median": round(statistics.median(r["step_s_median"] for r in runs), 4),
-            "wall_s_mean": round(statistics.fmean(r["wall_s"] for r in runs), 1),
-            "is_weight_mean": round(statistics.fmean(r["is_weight_mean"] for r in runs), 4),
-            "is_clipped_frac_mean": round(statistics.fmean(r["is_clipped_frac_mean"] for r in runs), 4),
-            "policy_lag_max": max(r["policy_lag_max"] for r in runs),
-        }
+def bench_curve(
+    root: Path,
+    seeds: list[int],
+    *,
+    cases: list[str],
+    experiment: str = "default",
+    window: int = CURVE_WINDOW,
+    overrides: list[str] = (),
+    on_run: Callable[[dict], None] | None = None,
+) -> dict:
+    """Each case once per seed (seed by seed, so a cut-short run still compares the cases); the
+    reward of the first / last ``window`` steps, mean and spread over seeds. ``on_run`` gets the
+    summary so far after every run."""
+    base = [*([f"experiment={experiment}"] if experiment != "default" else []), *overrides]
+    runs: dict[str, list[dict]] = {name: [] for name in cases}
+    results: dict = {}
+    for seed in seeds:
+        for name in cases:
+            ov = [*base, "logger.console_samples=false", *CURVE_CASES[name], f"seed={seed}"]
+            runs[name].append(train_run(root / "curve" / f"{name}_seed{seed}", ov))
+            results = {n: _curve_summary(r, seeds[: len(r)], window) for n, r in runs.items() if r}
+            if on_run is not None:
+                on_run(results)
     return results
+
+
+def _curve_summary(runs: list[dict], seeds: list[int], window: int) -> dict:
+    first = [statistics.fmean(r["rewards"][:window]) for r in runs]
+    last = [statistics.fmean(r["rewards"][-window:]) for r in runs]
+    return {
+        "seeds": seeds,
+        "steps": runs[0]["steps"],
+        "reward_first": round(statistics.fmean(first), 4),
+        "reward_last": round(statistics.fmean(last), 4),
+        "reward_last_per_seed": [round(x, 4) for x in last],
+        "reward_last_seed_std": round(statistics.pstdev(last), 4) if len(last) > 1 else None,
+        "step_s_median": round(statistics.median(r["step_s_median"] for r in runs), 4),
+        "wall_s_mean": round(statistics.fmean(r["wall_s"] for r in runs), 1),
+        "is_weight_mean": round(statistics.fmean(r["is_weight_mean"] for r in runs), 4),
+        "is_clipped_frac_mean": round(statistics.fmean(r["is_clipped_frac_mean"] for r in runs), 4),
+        "policy_lag_max": max(r["policy_lag_max"] for r in runs),
+    }
 
 
 # --- report -------------------------------------------------------------------------------------------
@@ -301,10 +323,16 @@ def write_report(out: dict, name: str) -> None:
             "",
         ]
     if "curve" in out:
+        experiment = meta.get("curve_experiment", "default")
         lines += [
-            f"## Learning: default job, sync vs async lag 1 + TIS (training reward, mean of the first / last "
-            f"{CURVE_WINDOW} steps, averaged over seeds)",
+            f"## Learning: {E2E_TITLES.get(experiment, experiment)}, sync vs async lag 1 + TIS (training "
+            f"reward, mean of the first / last {meta.get('curve_window', CURVE_WINDOW)} steps, averaged over seeds)",
             "",
+            *(
+                [f"Overrides: `{' '.join(meta['curve_overrides'])}`.", ""]
+                if meta.get("curve_overrides")
+                else []
+            ),
             "| case | seeds | steps | reward first | reward last | last, per seed | std over seeds | median step s "
             "| IS weight mean | clipped frac | max lag |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -334,6 +362,12 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--e2e-steps", type=int, default=6)
     parser.add_argument("--curve-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--curve-cases", nargs="+", default=list(CURVE_CASES), choices=list(CURVE_CASES))
+    parser.add_argument(
+        "--curve-experiment", default="default", help="curve part: the experiment trained (its own max_steps)"
+    )
+    parser.add_argument("--curve-window", type=int, default=CURVE_WINDOW, help="curve part: steps averaged")
+    parser.add_argument("--curve-overrides", nargs="*", default=[], help="config overrides, curve part")
     parser.add_argument("--output-root", default="outputs/throughput")
     parser.add_argument("--device", default="cpu", help="update part: cpu or cuda")
     parser.add_argument("--update-overrides", nargs="*", default=[], help="config overrides, update part")
@@ -369,6 +403,9 @@ def main() -> None:
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "e2e_overrides": args.e2e_overrides,
             "e2e_experiment": args.e2e_experiment,
+            "curve_experiment": args.curve_experiment,
+            "curve_window": args.curve_window,
+            "curve_overrides": args.curve_overrides,
         }
     }
     if "update" in args.parts:
@@ -388,7 +425,20 @@ def main() -> None:
         )
         write_report(out, name)
     if "curve" in args.parts:
-        out["curve"] = bench_curve(root, args.curve_seeds)
+
+        def report(results: dict) -> None:
+            out["curve"] = results
+            write_report(out, name)
+
+        bench_curve(
+            root,
+            args.curve_seeds,
+            cases=args.curve_cases,
+            experiment=args.curve_experiment,
+            window=args.curve_window,
+            overrides=args.curve_overrides,
+            on_run=report,
+        )
         write_report(out, name)
     print((RESULTS_DIR / f"{name}.md").read_text())
 
