@@ -66,16 +66,18 @@ UPDATE_CASES = {
 }
 PACKED = ["model.sequence_packing=true", "algorithm.max_tokens_per_microbatch={budget}"]
 ASYNC = ["rollout.async_rollout=true", "rollout.max_policy_lag=1", "algorithm.off_policy_correction=tis"]
+#: The decode loop in the producer thread (the named cases pin it: the default, auto, depends on the device).
+THREAD = ["rollout.async_generation=thread"]
 #: Generation and training split the cores (one torch thread each) instead of both using all of them.
 SPLIT_THREADS = ["trainer.num_threads=1", "rollout.async_threads=1"]
 PROCESS = ["rollout.async_generation=process"]
 E2E_CASES = {
     "padded_sync": [],
     "packed_sync": PACKED,
-    "padded_async": ASYNC,
-    "padded_async_split": [*ASYNC, *SPLIT_THREADS],
-    "packed_async": [*PACKED, *ASYNC],
-    "packed_async_split": [*PACKED, *ASYNC, *SPLIT_THREADS],
+    "padded_async": [*ASYNC, *THREAD],
+    "padded_async_split": [*ASYNC, *THREAD, *SPLIT_THREADS],
+    "packed_async": [*PACKED, *ASYNC, *THREAD],
+    "packed_async_split": [*PACKED, *ASYNC, *THREAD, *SPLIT_THREADS],
     # the decode loop in a process of its own (its own GIL); _split: the cores split between the two
     "padded_async_process": [*ASYNC, *PROCESS],
     "padded_async_process_split": [*ASYNC, *PROCESS, *SPLIT_THREADS],
@@ -83,7 +85,7 @@ E2E_CASES = {
 }
 CURVE_CASES = {
     "sync": [],
-    "async_lag1_tis": ASYNC,
+    "async_lag1_tis": [*ASYNC, *THREAD],
     "async_lag1_tis_process": [*ASYNC, *PROCESS, *SPLIT_THREADS],
 }
 CURVE_WINDOW = 50

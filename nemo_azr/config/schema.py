@@ -128,8 +128,9 @@ class RolloutConfig:
         0  # async: torch intra-op threads of the rollout thread (or process); 0: as the trainer's
     )
     # async: where the decode loop runs. thread: in the trainer's process (one GIL for both); process:
-    # a spawned process of its own, weights shared with the trainer (rollout/process_backend.py)
-    async_generation: str = "thread"
+    # a spawned process of its own, weights shared with the trainer (rollout/process_backend.py);
+    # auto: process when the generation model is on a GPU, thread on the CPU (decision 128)
+    async_generation: str = "auto"
 
 
 @dataclass

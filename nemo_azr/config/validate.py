@@ -374,7 +374,7 @@ def _rows_per_step(cfg: NemoAzrConfig) -> tuple[int, str]:
 
 
 ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding
-ASYNC_GENERATIONS = ("thread", "process")  # rollout.async_generation
+ASYNC_GENERATIONS = ("auto", "thread", "process")  # rollout.async_generation
 DEMONSTRATION_ROLES = ("user", "assistant")
 GENERATED_TASKS = ("arithmetic", "synthetic_qa")  # built from the config alone (no files to read)
 

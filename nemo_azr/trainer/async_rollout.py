@@ -90,7 +90,7 @@ class AsyncRollout:
         if self.num_threads > 0:  # torch's intra-op thread count is per calling thread
             torch.set_num_threads(self.num_threads)
         try:
-            with _own_stream(_device_of(self.backend)):
+            with _own_stream(device_of(self.backend)):
                 self._produce_all()
         except BaseException as exc:  # noqa: BLE001 - handed to the trainer thread, raised there
             self._queue.put(_Failure(exc))
@@ -184,7 +184,18 @@ def uncorrected_lag_warning(cfg) -> str | None:
     )
 
 
-def _device_of(backend) -> torch.device:
+def async_generation_mode(setting: str, device: torch.device) -> str:
+    """Where the decode loop runs: ``thread`` or ``process``. ``auto`` picks the process on a GPU,
+    where it overlaps with training and the thread does not (the GIL serialises the two threads'
+    kernel launches), and the thread on the CPU, where the two share the cores either way and the
+    thread skips the second interpreter (docs/throughput.md, decision 128)."""
+    if setting != "auto":
+        return setting
+    return "process" if device.type == "cuda" else "thread"
+
+
+def device_of(backend) -> torch.device:
+    """The device of the backend's generation model (the CPU when it has none)."""
     model = getattr(backend, "model", None)
     if isinstance(model, torch.nn.Module):
         param = next(model.parameters(), None)

@@ -58,7 +58,13 @@ from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.dataloader import PromptLoader
-from nemo_azr.trainer.async_rollout import AsyncRollout, Rollout, uncorrected_lag_warning
+from nemo_azr.trainer.async_rollout import (
+    AsyncRollout,
+    Rollout,
+    async_generation_mode,
+    device_of,
+    uncorrected_lag_warning,
+)
 from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.metrics import MetricsLogger
@@ -788,9 +794,13 @@ class Trainer:
             warning = uncorrected_lag_warning(cfg)
             if warning:
                 logger.message(warning)
-            own_process = cfg.rollout.async_generation == "process"
+            where = async_generation_mode(cfg.rollout.async_generation, device_of(self.backend))
+            own_process = where == "process"
             if own_process:  # the decode loop in a process of its own; the thread only waits on it
-                logger.message("nemo-azr: starting the generation process (rollout.async_generation=process)")
+                logger.message(
+                    f"nemo-azr: starting the generation process (rollout.async_generation="
+                    f"{cfg.rollout.async_generation})"
+                )
                 self.backend = ProcessGenerationBackend(
                     self.backend, num_threads=cfg.rollout.async_threads or torch.get_num_threads()
                 )
