@@ -1,5 +1,3 @@
-import sys
+from nemo_azr.cli import entry
 
-from nemo_azr.cli import main
-
-sys.exit(main())
+entry()

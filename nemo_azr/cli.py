@@ -7,6 +7,7 @@ User-facing problems print one ``nemo-azr: error: ...`` line and exit with statu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -238,6 +239,24 @@ def main(argv: list[str] | None = None) -> int:
     return _run(COMMANDS[args.command][0], args.overrides)
 
 
+def entry() -> None:
+    """The process entry point (the ``nemo-azr`` script and ``python -m nemo_azr``); ``main`` is the
+    in-process one (it returns the status)."""
+    from nemo_azr.trainer.preemption import EXIT_PREEMPTED
+
+    code = main()
+    if code == EXIT_PREEMPTED:
+        # The checkpoint is written and every sink closed (``Trainer.fit``'s finally); what remains is
+        # interpreter teardown, where a library's native thread can abort the process (seen with W&B's
+        # service killed by the same SIGTERM: "terminate called without an active exception") and
+        # turn the status the SLURM script requeues on into a SIGABRT. Skip the teardown.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 def _run(fn, args: list[str]) -> int:
     try:
         return fn(args)
@@ -250,4 +269,4 @@ def _run(fn, args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
