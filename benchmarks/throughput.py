@@ -439,9 +439,8 @@ def main() -> None:
             experiment=args.curve_experiment,
             window=args.curve_window,
             overrides=args.curve_overrides,
-            on_run=report,
+            on_run=report,  # the report is rewritten after every run
         )
-        write_report(out, name)
     print((RESULTS_DIR / f"{name}.md").read_text())
 
 

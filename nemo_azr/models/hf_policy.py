@@ -26,7 +26,7 @@ from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.packing import packed_decoder_forward
-from nemo_azr.models.ppo_update import PPOUpdateMixin
+from nemo_azr.models.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
 from nemo_azr.models.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
 from nemo_azr.registry import POLICY_BACKENDS
 from nemo_azr.rollout.assemble import position_ids_from_mask
@@ -235,11 +235,7 @@ class HFPolicy(PPOUpdateMixin):
         fused = self.fused_loss if fused is None else fused
         # On-policy single step without old log-probs: the current ones, detached (see the trainer).
         old = micro[F.OLD_LOGPROBS].to(self.device) if F.OLD_LOGPROBS in micro else None
-        # Off-policy correction with the update's own old log-probs: the weights are computed in
-        # the loss (the trainer then skipped both the old-log-prob pass and weighting the advantages).
-        rollout = None
-        if old is None and alg.off_policy_correction != "none":
-            rollout = micro[F.ROLLOUT_LOGPROBS].to(self.device)
+        rollout = in_loss_rollout_logprobs(micro, old, alg.off_policy_correction, self.device)
         ref = micro.get(F.REF_LOGPROBS)
         ref = None if ref is None else ref.to(self.device)
         advantages = micro[F.ADVANTAGES].to(self.device)

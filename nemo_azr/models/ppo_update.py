@@ -48,6 +48,18 @@ def merge_rank_metrics(parts: list[dict[str, float]]) -> dict[str, float]:
     return dict(merged)
 
 
+def in_loss_rollout_logprobs(
+    micro: Batch, old: torch.Tensor | None, correction: str, device: torch.device
+) -> torch.Tensor | None:
+    """The rollout log-probs the loss weighs with, or None. Without old log-probs (one on-policy
+    optimizer step: pi_old is the update's own, detached) an off-policy correction computes its
+    weights in the loss, and the trainer skipped both the old-log-prob pass and weighting the
+    advantages (decision 127)."""
+    if old is not None or correction == "none":
+        return None
+    return micro[F.ROLLOUT_LOGPROBS].to(device)
+
+
 def add_micro_metrics(
     acc: dict[str, float],
     loss: torch.Tensor,

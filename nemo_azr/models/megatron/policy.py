@@ -70,7 +70,13 @@ from nemo_azr.models.megatron.logprobs import (
 )
 from nemo_azr.models.microbatch import real_lengths, row_groups
 from nemo_azr.models.optim import build_optimizer
-from nemo_azr.models.ppo_update import PPOUpdateMixin, add_micro_metrics, merge_rank_metrics, micro_metric
+from nemo_azr.models.ppo_update import (
+    PPOUpdateMixin,
+    add_micro_metrics,
+    in_loss_rollout_logprobs,
+    merge_rank_metrics,
+    micro_metric,
+)
 from nemo_azr.registry import POLICY_BACKENDS
 
 __all__ = ["MegatronPolicy"]
@@ -430,11 +436,9 @@ class MegatronPolicy(PPOUpdateMixin):
         norm_length: int,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         old = micro.get(F.OLD_LOGPROBS)
-        # Off-policy correction with the update's own old log-probs: the weights are computed in
-        # the loss (decision 127).
-        rollout = None
-        if old is None and self.cfg.algorithm.off_policy_correction != "none":
-            rollout = micro[F.ROLLOUT_LOGPROBS].to(logprobs.device)
+        rollout = in_loss_rollout_logprobs(
+            micro, old, self.cfg.algorithm.off_policy_correction, logprobs.device
+        )
         return policy_objective(
             logprobs=logprobs,
             old_logprobs=logprobs.detach() if old is None else old.to(logprobs.device),
