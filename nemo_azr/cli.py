@@ -104,6 +104,11 @@ def _eval(overrides: list[str]) -> int:
 
     result = run_eval(load_config(overrides))
     keys = (
+        "harm_reward",
+        "safety",
+        "completion",
+        "proposer_parse_rate",
+        "proposer_learnable_ratio",
         "accuracy",
         "answer_accuracy",
         "ece",

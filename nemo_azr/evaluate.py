@@ -11,10 +11,8 @@ command each. Written to ``eval.output_dir`` (default ``<trainer.output_dir>/eva
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,57 +22,21 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import ConfigError
+from nemo_azr.eval_io import (  # noqa: F401  (re-exported: the eval API of earlier releases)
+    CHECKPOINT_DIR,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    EvalModel,
+    eval_output_dir,
+    example_kind,
+    load_eval_model,
+    resolve_eval_model,
+    sample_records,
+    write_results,
+)
 
-CHECKPOINT_DIR = "checkpoints"  # same folder name as the trainer's
-METRICS_FILE = "metrics.json"
-SAMPLES_FILE = "samples.jsonl"
 EVAL_SEED_SALT = 104729
 ACCURACY_WORKFLOWS = ("single_turn",)
-
-
-def resolve_eval_model(cfg: NemoAzrConfig) -> tuple[Path, str]:
-    """The model folder to evaluate and a description of where it came from."""
-    from nemo_azr.models.tiny import resolve_model_path
-    from nemo_azr.trainer.checkpoint import Checkpointer, is_complete
-
-    choice = cfg.eval.checkpoint
-    if choice == "model":
-        return Path(resolve_model_path(cfg.model.path, cfg.model.tiny)), f"model.path={cfg.model.path}"
-    if choice == "auto":
-        root = Path(cfg.trainer.output_dir) / CHECKPOINT_DIR
-        latest = Checkpointer(root).latest()
-        if latest is None:
-            raise ConfigError(
-                f"eval.checkpoint=auto: no complete checkpoint in {str(root)!r}; train first, or set "
-                "eval.checkpoint=/path/to/step_N (or =model to evaluate model.path)"
-            )
-        _verify(latest, "eval.checkpoint=auto: the newest checkpoint")
-        return latest / "model", str(latest)
-    folder = Path(choice).expanduser()
-    if is_complete(folder):  # a trainer checkpoint: its files must match the manifest
-        _verify(folder, "eval.checkpoint: checkpoint")
-    for candidate in (folder / "model", folder):
-        if (candidate / "config.json").is_file():
-            return candidate, str(folder)
-    raise ConfigError(
-        f"eval.checkpoint={choice!r} is neither a step_N checkpoint nor a model folder (no config.json)"
-    )
-
-
-def _verify(folder: Path, what: str) -> None:
-    """A damaged checkpoint is one clear error: scores of damaged weights would be meaningless, and
-    silently scoring an older checkpoint would misreport which one was evaluated."""
-    from nemo_azr.errors import CheckpointDamagedError
-    from nemo_azr.trainer.checkpoint import verify_checkpoint
-
-    try:
-        warning = verify_checkpoint(folder)
-    except CheckpointDamagedError as exc:
-        raise ConfigError(
-            f"{what} {folder} is damaged: {exc.problems}; pass an intact one as eval.checkpoint=PATH"
-        ) from None
-    if warning:
-        print(f"nemo-azr: warning: {warning}", file=sys.stderr)
 
 
 def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
@@ -93,31 +55,18 @@ class EvalRun:
     """Model, tokenizer, task (held-out split), workflow, backend and sampling of one evaluation."""
 
     def __init__(self, cfg: NemoAzrConfig) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
         import nemo_azr.rlcr  # noqa: F401  (registers the RLCR workflows)
-        import nemo_azr.rollout  # noqa: F401  (registers generation backends)
-        from nemo_azr.models.tiny import load_tokenizer
-        from nemo_azr.registry import GENERATION_BACKENDS, WORKFLOWS
-        from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
+        from nemo_azr.registry import WORKFLOWS
+        from nemo_azr.rollout.hf_backend import sampling_from_config
         from nemo_azr.tasks import build_task
 
         self.cfg = cfg
-        if cfg.trainer.num_threads > 0:
-            torch.set_num_threads(cfg.trainer.num_threads)
         self.task = build_task(cfg.data, split="eval")
-        self.model_dir, self.source = resolve_eval_model(cfg)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(self.model_dir), dtype=getattr(torch, cfg.model.dtype)
-        )
+        loaded = load_eval_model(cfg)
+        self.model_dir, self.source = loaded.model_dir, loaded.source
+        self.tokenizer, self.backend = loaded.tokenizer, loaded.backend
         self.eval_cfg = eval_config(cfg)
         self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, self.eval_cfg)
-        backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)
-        if getattr(backend_cls, "reads_policy_in_place", False):  # eval reads an HF folder, not a policy
-            backend_cls = GENERATION_BACKENDS.get("hf")
-        self.backend = backend_cls(model, self.tokenizer, **backend_kwargs(cfg.generation))
         self.sampling = sampling_from_config(self.eval_cfg.generation, greedy=cfg.eval.greedy)
         self.examples = self._select_examples()
         self.generated_tokens = 0
@@ -164,50 +113,7 @@ class EvalRun:
         }
 
     def output_dir(self) -> Path:
-        out = Path(self.cfg.eval.output_dir or Path(self.cfg.trainer.output_dir) / "eval")
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"eval.output_dir {str(out)!r} cannot be created: {exc}") from None
-        return out
-
-
-def sample_records(batch: Batch, extra_keys: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """One record per row: prompt id, question, response, reward (+ ``extra_keys`` of the meta)."""
-    records = []
-    examples = batch.meta.get("example", [None] * len(batch))
-    for i in range(len(batch)):
-        record = {
-            "prompt_id": batch[F.PROMPT_ID][i],
-            "question": batch[F.PROMPT_TEXT][i],
-            "gold": getattr(examples[i], "answer", None),
-            "response": batch[F.RESPONSE_TEXT][i],
-            "reward": float(batch[F.REWARDS][i]),
-            "finish_reason": batch.meta.get("finish_reason", [None] * len(batch))[i],
-        }
-        kind = example_kind(examples[i])
-        if kind is not None:
-            record["kind"] = kind
-        for key in extra_keys:
-            if key in batch.meta:
-                record[key] = batch.meta[key][i]
-        records.append(record)
-    return records
-
-
-def example_kind(example: Any) -> str | None:
-    """The question kind a task records in ``Example.meta["kind"]`` (synthetic_qa), else None."""
-    meta = getattr(example, "meta", None) or {}
-    kind = meta.get("kind")
-    return None if kind is None else str(kind)
-
-
-def write_results(out: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.items()}
-    (out / METRICS_FILE).write_text(json.dumps(clean, indent=1) + "\n")
-    with open(out / SAMPLES_FILE, "w") as fh:
-        for record in records:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return eval_output_dir(self.cfg)
 
 
 def run_accuracy_eval(run: EvalRun) -> dict[str, Any]:
@@ -235,11 +141,14 @@ def run_eval(cfg: NemoAzrConfig) -> dict[str, Any]:
     from nemo_azr.rlcr.workflows import RLCR_WORKFLOWS
 
     workflow = cfg.rollout.workflow
+    if workflow == "azr":
+        from nemo_azr.selfplay.evaluate import run_selfplay_eval
+
+        return run_selfplay_eval(cfg)
     if workflow not in (*ACCURACY_WORKFLOWS, *RLCR_WORKFLOWS):
         raise ConfigError(
-            f"nemo-azr eval scores single-turn and RLCR workflows; rollout.workflow={workflow!r} is not one of "
-            f"{', '.join((*ACCURACY_WORKFLOWS, *RLCR_WORKFLOWS))} (self-play is measured by its training "
-            "metrics: nemo-azr plot-selfplay)"
+            f"nemo-azr eval scores single-turn, RLCR and self-play (azr) workflows; rollout.workflow={workflow!r} "
+            f"is not one of {', '.join((*ACCURACY_WORKFLOWS, *RLCR_WORKFLOWS, 'azr'))}"
         )
     run = EvalRun(cfg)
     return run_calibration_eval(run) if workflow in RLCR_WORKFLOWS else run_accuracy_eval(run)

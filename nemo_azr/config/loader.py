@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import re
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -65,11 +66,45 @@ def compose_config(
     except ConfigError:
         raise
     except Exception as exc:  # Hydra raises many types; all mean "bad config"
-        raise ConfigError(_one_line(exc)) from None
+        raise ConfigError(_misspelled_key(exc) or _one_line(exc)) from None
     finally:
         GlobalHydra.instance().clear()
     _reject_unknown_keys(cfg)
     return cfg
+
+
+_OVERRIDE_RE = re.compile(r"Could not override '([^']+)'")
+
+
+def _misspelled_key(exc: BaseException) -> str | None:
+    """For an override of a key the schema lacks (``trainer.max_stesp=5``), the closest real key
+    instead of Hydra's advice to append it with ``+``."""
+    m = _OVERRIDE_RE.search(str(exc))
+    if m is None:
+        return None
+    path = m.group(1)
+    node: Any = NemoAzrConfig
+    walked: list[str] = []
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None  # a free-form dict (extra, ...): Hydra's message stands
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            close = difflib.get_close_matches(part, sorted(fields), n=1)
+            where = ".".join(walked)
+            hint = f"did you mean {where + '.' if where else ''}{close[0]}?" if close else "no such key."
+            return f"unknown config key {path!r}: {hint} Every key is in docs/config.md"
+        walked.append(part)
+        node = _field_type(fields[part])
+    return None
+
+
+def _field_type(f: dataclasses.Field) -> Any:
+    """The dataclass a field holds (its default factory's class), else None."""
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+        return type(value) if dataclasses.is_dataclass(value) else None
+    return type(f.default) if dataclasses.is_dataclass(f.default) else None
 
 
 def _reject_unknown_keys(node: DictConfig | ListConfig, prefix: str = "") -> None:

@@ -108,6 +108,11 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     _one_of("algorithm.loss_agg_mode", alg.loss_agg_mode, AGG_MODES)
     _one_of("algorithm.kl.estimator", alg.kl.estimator, KL_ESTIMATORS)
     _one_of("algorithm.kl.mode", alg.kl.mode, KL_MODES)
+    _one_of("algorithm.kl.reference", alg.kl.reference, ("initial", "warmup"))
+    _require(
+        alg.kl.reference != "warmup" or cfg.sft_warmup.steps > 0,
+        "algorithm.kl.reference=warmup needs a supervised warm-up (sft_warmup.steps > 0); without one use initial",
+    )
     _one_of("model.dtype", cfg.model.dtype, DTYPES)
     _require(
         cfg.model.autocast_dtype in ("", *DTYPES[1:]),
@@ -519,6 +524,7 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
         "task_completion_weight",
         "format_reward_weight",
         "proposer_reward_weight",
+        "proposer_format_reward_weight",
     ):
         _require(getattr(az, key) >= 0, f"absolute_zero.{key} must be >= 0, got {getattr(az, key)}")
     _require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
@@ -530,14 +536,17 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
         "absolute_zero.proposer_max_new_tokens / solver_max_new_tokens must be >= 0 (0 = generation.max_new_tokens)",
     )
     _one_of("absolute_zero.proposer_estimator", az.proposer_estimator, SELFPLAY_ESTIMATORS)
+    _one_of("absolute_zero.proposer_rows", az.proposer_rows, ("per_prompt", "aligned"))
     _one_of("algorithm.estimator (with self-play)", cfg.algorithm.estimator, SELFPLAY_ESTIMATORS)
     _require(0 <= az.judge.default_score <= 1, "absolute_zero.judge.default_score must be in [0, 1]")
     _require(az.judge.max_new_tokens >= 1, "absolute_zero.judge.max_new_tokens must be >= 1")
-    if az.judge.model_path:
-        _require(
-            Path(az.judge.model_path).is_dir(),
-            f"absolute_zero.judge.model_path={az.judge.model_path!r}: no such folder",
-        )
+    from nemo_azr.rewards.judge import check_judge_config
+
+    check_judge_config(az.judge)
+    if az.env == "sandbox_os":
+        from nemo_azr.envs.sandbox_os.domain import check_sandbox_os_config
+
+        check_sandbox_os_config(az.sandbox_os)
     lim = az.python_exec.limits
     _require(
         lim.cpu_time_s > 0 and lim.wall_time_s > 0 and lim.memory_mb > 0 and lim.max_file_bytes >= 0,
@@ -546,6 +555,10 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
     _require(
         lim.max_processes >= 0 and lim.max_output_bytes > 0,
         "absolute_zero.python_exec.limits: bad process/output limit",
+    )
+    _require(
+        az.python_exec.max_concurrent_runs >= 0,
+        "absolute_zero.python_exec.max_concurrent_runs must be >= 0 (0 = one per CPU core)",
     )
     bad = sorted(set(az.python_exec.task_types) - {"deduction", "abduction", "induction"})
     _require(

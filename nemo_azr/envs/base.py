@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -126,6 +127,25 @@ class ProposalDomain(ABC):
         """The question group as ``task_config`` dicts; raises :class:`ProposalError` when the text
         is not a valid group (bad JSON, missing fields, a question that cannot be evaluated)."""
 
+    def parse_proposals(
+        self, texts: Sequence[str], seed_tasks: Sequence[Example], num_questions: int
+    ) -> list[list[dict[str, Any]] | ProposalError]:
+        """:meth:`parse_proposal` of each text, in order: the question group, or the
+        :class:`ProposalError` that rejected it. A domain whose parsing waits on something (a
+        sandbox) may override this to parse concurrently."""
+        out: list[list[dict[str, Any]] | ProposalError] = []
+        for text, seed_task in zip(texts, seed_tasks):
+            try:
+                out.append(list(self.parse_proposal(text, seed_task, num_questions)))
+            except ProposalError as exc:
+                out.append(exc)
+        return out
+
+    def timing(self) -> dict[str, float]:
+        """Cumulative ``timing/*`` seconds the domain measures itself (e.g. ``timing/sandbox_s``);
+        the workflow logs each step's increase."""
+        return {}
+
     @abstractmethod
     def make_env(self) -> Env:
         """A fresh environment for one episode."""
@@ -133,6 +153,10 @@ class ProposalDomain(ABC):
     def solver_system_prompt(self) -> str:
         """System message of every solver episode ("" for none)."""
         return ""
+
+    def solver_demonstrations(self) -> list[dict[str, str]]:
+        """Example exchanges shown after the system message of every solver episode (none by default)."""
+        return []
 
     @abstractmethod
     def warmup_proposal(self, seed_task: Example, num_questions: int, rng: random.Random) -> str:

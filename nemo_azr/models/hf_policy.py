@@ -24,6 +24,7 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
+from nemo_azr.models.microbatch import trim_padding
 from nemo_azr.models.optim import build_optimizer
 from nemo_azr.models.packing import packed_decoder_forward
 from nemo_azr.models.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
@@ -324,12 +325,23 @@ class HFPolicy(PPOUpdateMixin):
         return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=lr)
 
     def sft_step(self, batch: Batch, optimizer: torch.optim.Optimizer) -> float:
-        """One step of mean token NLL over ``loss_mask`` (supervised warm-up)."""
+        """One step of mean token NLL over ``loss_mask`` (supervised warm-up), accumulated over
+        micro-batches of ``algorithm.micro_batch_size`` rows (each trimmed to its own width), so a
+        warm-up batch of long prompts holds one micro-batch's activations at a time."""
         optimizer.zero_grad(set_to_none=True)
-        lp = self.token_logprobs(batch)
-        mask = batch[F.LOSS_MASK].to(self.device)
-        loss = -(lp * mask).sum() / mask.sum().clamp(min=1)
-        loss.backward()
+        total = batch[F.LOSS_MASK].sum().clamp(min=1).to(self.device)
+        loss_sum = 0.0
+        # Rows of similar length share a micro-batch (the loss is a sum, so order does not matter).
+        batch = batch.index(torch.argsort(batch[F.ATTENTION_MASK].sum(dim=1), descending=True, stable=True))
+        for part in batch.split(self.micro_batch_rows()):
+            part, _start = trim_padding(part)
+            mask = part[F.LOSS_MASK].to(self.device)
+            if not mask.any():
+                continue
+            loss = -(self.token_logprobs(part) * mask).sum() / total
+            loss.backward()
+            loss_sum += float(loss.detach())
+        loss = torch.tensor(loss_sum)
         if self.cfg.optim.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
         optimizer.step()

@@ -77,13 +77,15 @@ def score_episodes(
 
     ``histories[i]`` is episode i's ``env.get_history_messages()`` (what the judge reads).
     Metrics: ``judge/calls`` (items judged in this call), ``judge/parse_failures``,
-    ``judge/parse_failure_rate`` and ``judge/<dim>_parse_failures``; all 0 when no judge is used.
+    ``judge/parse_failure_rate``, ``judge/<dim>_parse_failures`` and ``judge/rule_fallbacks``
+    (``judge.on_parse_failure=rule``: replies replaced by the rule's score); all 0 when no judge is used.
     """
     if len(eval_results) != len(histories):
         raise ValueError(f"{len(eval_results)} eval results but {len(histories)} histories")
     types = _evaluator_types(cfg, judge)
     scores: dict[str, list[float]] = {}
     metrics: dict[str, float] = {f"judge/{dim}_parse_failures": 0.0 for dim in DIMENSIONS}
+    metrics["judge/rule_fallbacks"] = 0.0
 
     llm_dims = [dim for dim in DIMENSIONS if types[dim] == "llm"]
     for dim in DIMENSIONS:
@@ -95,10 +97,17 @@ def score_episodes(
         n = len(histories)
         rubrics = [getattr(cfg.judge, f"{dim}_rubric") for dim in llm_dims for _ in range(n)]
         judged = judge.score_many([h for _ in llm_dims for h in histories], rubrics)
+        fallbacks = 0
         for k, dim in enumerate(llm_dims):
             scores[dim] = judged.scores[k * n : (k + 1) * n]
-            dim_failures = sum(not ok for ok in judged.parsed[k * n : (k + 1) * n])
-            metrics[f"judge/{dim}_parse_failures"] = float(dim_failures)
+            parsed = judged.parsed[k * n : (k + 1) * n]
+            metrics[f"judge/{dim}_parse_failures"] = float(sum(not ok for ok in parsed))
+            if cfg.judge.on_parse_failure == "rule" and not all(parsed):
+                # the environment's rule stands in for a reply without a score (counted, never silent)
+                rule = _rule_scores(dim, eval_results, cfg.env)
+                scores[dim] = [v if ok else r for v, ok, r in zip(scores[dim], parsed, rule)]
+                fallbacks += sum(not ok for ok in parsed)
+        metrics["judge/rule_fallbacks"] = float(fallbacks)
         calls, failures = len(judged.scores), judged.num_failures
     elif llm_dims:
         scores.update({dim: [] for dim in llm_dims})

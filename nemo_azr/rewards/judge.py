@@ -7,7 +7,9 @@ parses a score from each reply with :func:`parse_judge_score`. A reply without a
 the metrics instead of silently steering training.
 
 :func:`build_judge` judges with the policy's own generation backend (``judge.model_path: ""``) or
-loads a separate local model folder (never from a hub) into the project's ``hf`` generation backend.
+loads a frozen judge (a local model folder or a preset name such as ``smollm2-135m``, never from a
+hub) into the project's ``hf`` generation backend. ``judge.demonstrations`` are example exchanges
+put between the rubric and the transcript (a small judge copies a shown reply format).
 """
 
 from __future__ import annotations
@@ -27,10 +29,20 @@ from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, Sampling
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
 
-__all__ = ["DEFAULT_MAX_PROMPT_TOKENS", "JudgeScores", "LLMJudge", "build_judge", "parse_judge_score"]
+__all__ = [
+    "DEFAULT_MAX_PROMPT_TOKENS",
+    "PARSE_FAILURE_POLICIES",
+    "JudgeScores",
+    "LLMJudge",
+    "build_judge",
+    "check_judge_config",
+    "parse_judge_score",
+]
 
 #: Judge prompt budget in tokens (the tiny model has 512 positions: 384 leaves room for the reply).
 DEFAULT_MAX_PROMPT_TOKENS = 384
+#: ``judge.on_parse_failure``: what stands in for a reply without a usable score.
+PARSE_FAILURE_POLICIES = ("default", "rule")
 TRUNCATION_MARKER = "[...]\n"  # put in front of a transcript whose beginning was cut
 
 # A number, optionally a percentage ("80%") or a fraction ("8/10", "8 out of 10"). The lookahead
@@ -179,7 +191,9 @@ class LLMJudge:
         return result
 
     def _encode(self, rubric: str, transcript: str) -> list[int]:
-        messages = [{"role": "system", "content": rubric}, {"role": "user", "content": transcript}]
+        messages = [{"role": "system", "content": rubric}]
+        messages += [{"role": m["role"], "content": m["content"]} for m in self.cfg.demonstrations]
+        messages.append({"role": "user", "content": transcript})
         return encode_prompt(self.tokenizer, messages)
 
     def _marker_tokens(self) -> int:
@@ -197,26 +211,62 @@ def _check_context(backend: object, max_prompt_tokens: int, max_new_tokens: int)
         )
 
 
+def check_judge_config(cfg: JudgeConfig) -> None:
+    """``absolute_zero.judge`` keys (called by the config validation)."""
+    if cfg.on_parse_failure not in PARSE_FAILURE_POLICIES:
+        raise ConfigError(
+            f"absolute_zero.judge.on_parse_failure={cfg.on_parse_failure!r}; use one of "
+            f"{', '.join(PARSE_FAILURE_POLICIES)}"
+        )
+    if not 0.0 <= cfg.default_score <= 1.0:
+        raise ConfigError(f"absolute_zero.judge.default_score must be in [0, 1], got {cfg.default_score}")
+    if cfg.max_new_tokens < 1 or cfg.max_prompt_tokens < 1:
+        raise ConfigError("absolute_zero.judge.max_new_tokens and max_prompt_tokens must be >= 1")
+    for i, m in enumerate(cfg.demonstrations):
+        if not isinstance(m, dict) and not hasattr(m, "keys"):
+            raise ConfigError(f"absolute_zero.judge.demonstrations[{i}] must be a {{role, content}} mapping")
+        if m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+            raise ConfigError(
+                f"absolute_zero.judge.demonstrations[{i}] needs role user|assistant and a content string"
+            )
+    if cfg.model_path and not _is_preset(cfg.model_path) and not Path(cfg.model_path).expanduser().is_dir():
+        raise ConfigError(
+            f"absolute_zero.judge.model_path={cfg.model_path!r}: no such folder (or model preset)"
+        )
+
+
+def _is_preset(name: str) -> bool:
+    from nemo_azr.models.importer import PRESETS
+
+    return name in PRESETS
+
+
 def build_judge(
     cfg: JudgeConfig,
     *,
     policy_backend: GenerationBackend | None,
     tokenizer,
     device: str | torch.device = "cpu",
-    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    max_prompt_tokens: int | None = None,
     dtype: str = "auto",
 ) -> LLMJudge:
-    """The judge: the policy's own backend when ``cfg.model_path`` is "", else a separate local model.
-
-    ``dtype`` is passed to ``from_pretrained`` ("auto": the checkpoint's own dtype).
+    """The judge: the policy's own backend when ``cfg.model_path`` is "", else a separate frozen
+    model (a local folder, or a preset imported on first use). ``max_prompt_tokens`` defaults to
+    ``cfg.max_prompt_tokens``; ``dtype`` is passed to ``from_pretrained`` ("auto": the checkpoint's own).
     """
+    budget = cfg.max_prompt_tokens if max_prompt_tokens is None else max_prompt_tokens
     if not cfg.model_path:
         if policy_backend is None:
             raise ConfigError(
                 "absolute_zero.judge.model_path is empty (judge with the policy) but no policy backend was given"
             )
-        return LLMJudge(policy_backend, tokenizer, cfg, max_prompt_tokens=max_prompt_tokens)
-    folder = Path(cfg.model_path).expanduser()
+        return LLMJudge(policy_backend, tokenizer, cfg, max_prompt_tokens=budget)
+    if _is_preset(cfg.model_path):
+        from nemo_azr.models.importer import ensure_preset
+
+        folder = Path(ensure_preset(cfg.model_path))
+    else:
+        folder = Path(cfg.model_path).expanduser()
     if not (folder / "config.json").is_file():
         raise ConfigError(
             f"absolute_zero.judge.model_path {cfg.model_path!r} is not a local HF model folder "
@@ -232,4 +282,4 @@ def build_judge(
     backend = HFGenerationBackend(model, judge_tokenizer)
     del model
     backend.model.to(torch.device(device))
-    return LLMJudge(backend, judge_tokenizer, cfg, max_prompt_tokens=max_prompt_tokens)
+    return LLMJudge(backend, judge_tokenizer, cfg, max_prompt_tokens=budget)

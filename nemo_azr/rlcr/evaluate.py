@@ -24,7 +24,7 @@ SAMPLE_KEYS = (F.SAMPLE_TYPE, ANSWER_CORRECT, CONFIDENCE, FORMAT_OK)
 
 def run_calibration_eval(run) -> dict[str, Any]:
     """Evaluate and write the JSON, samples and PNG; returns the JSON's content (+ ``output_dir``)."""
-    from nemo_azr.evaluate import example_kind, sample_records, write_results
+    from nemo_azr.eval_io import example_kind, sample_records, write_results
 
     answer_correct: list[float] = []
     format_ok: list[bool] = []

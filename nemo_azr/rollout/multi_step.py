@@ -105,8 +105,11 @@ def start_episodes(
     tokenizer,
     *,
     system_prompt: str = "",
+    demonstrations: Sequence[dict[str, str]] = (),
 ) -> list[Episode]:
-    """Reset one fresh environment per task config; a failing reset ends that episode at once."""
+    """Reset one fresh environment per task config; a failing reset ends that episode at once.
+    The prompt is the system message, the ``demonstrations`` (example exchanges), then the first
+    observation as the user's turn."""
     episodes = []
     for tc in task_configs:
         env = make_env()
@@ -117,6 +120,7 @@ def start_episodes(
             first = str(tc.get("instruction", ""))
             _end(ep, END_ERROR, f"reset: {type(exc).__name__}: {exc}")
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.extend(dict(m) for m in demonstrations)
         messages.append({"role": "user", "content": first})
         ep.prompt_ids = encode_prompt(tokenizer, messages)
         episodes.append(ep)

@@ -1,13 +1,22 @@
 """The joint proposer + solver batch (seed 001 steps 10-13).
 
 Per prompt: the sampled question's ``rollout_n`` solver rows, and the prompt's proposer trajectory
-as one row of its own (``role = proposer``; decision: trained once, not repeated ``rollout_n``
-times). Rewards::
+(``role = proposer``) laid out by ``absolute_zero.proposer_rows``:
+
+* ``per_prompt`` (default, decision 34): one row per prompt, trained once;
+* ``aligned`` (seed 001's "数据对齐"): the proposer row repeated ``rollout_n`` times, copy ``r``
+  aligned with solver row ``r`` of the sampled question (meta ``aligned_uid``), so the proposer's
+  log-probs and reward travel beside each solver response. A prompt still flagged after the last
+  round has no solver rows; its ``rollout_n`` copies carry the -0.5 reward with an empty
+  ``aligned_uid`` (the seed's text would drop them, leaving every proposer row at 1.0).
+
+Rewards::
 
     solver rows:   rewards = harm_rewards + format_reward_weight * format_rewards
                    combined_rewards = rewards + proposer_reward_weight * proposer_rewards
                    (the row's training reward is combined_rewards)
     proposer rows: proposer_rewards (1.0 learnable / 0.0 not learnable / -0.5 still flagged)
+                   + proposer_format_reward_weight * (1 if the proposal parsed else 0)  [default 0]
 
 Solver rows are grouped per question (``group_id``); all proposer rows of the batch form one group,
 so a group-mean estimator normalises proposer rewards across the batch's proposers. ``prompt_id``
@@ -33,6 +42,10 @@ from nemo_azr.selfplay.proposer import Proposal
 #: where the environment has none): the question's for solver rows, the one the proposer was asked to
 #: write for proposer rows. TRR++ normalises per task type x role.
 TASK_TYPE = "task_type"
+ALIGNED_UID = (
+    "aligned_uid"  # proposer rows (aligned layout): the uid of the solver row a copy is aligned with
+)
+PROPOSER_ROW_LAYOUTS = ("per_prompt", "aligned")
 SELFPLAY_META = (
     TASK_TYPE,
     "safety_score",
@@ -44,6 +57,7 @@ SELFPLAY_META = (
     "end_reason",
     "finish_reason",
     "num_turns",
+    ALIGNED_UID,
 )
 INFO_KEY = "absolute_zero"  # batch.info[INFO_KEY]: the seeds' proposer_* fields, sampled indices
 
@@ -88,10 +102,22 @@ def _empty_meta() -> dict[str, list[Any]]:
 
 
 def build_joint_batch(
-    groups: list[SolvedGroup], cfg: Any, *, step: int, pad_id: int, include_proposer: bool = True
+    groups: list[SolvedGroup],
+    cfg: Any,
+    *,
+    step: int,
+    pad_id: int,
+    include_proposer: bool = True,
+    rollout_n: int = 1,
 ) -> Batch:
-    """Solver rows of every group with a sampled question, then one proposer row per group that
-    has a proposer trajectory. ``cfg`` is the ``absolute_zero`` node."""
+    """Solver rows of every group with a sampled question, then the proposer rows of every group
+    that has a proposer trajectory (one each, or ``rollout_n`` each with
+    ``cfg.proposer_rows == "aligned"``). ``cfg`` is the ``absolute_zero`` node."""
+    layout = getattr(cfg, "proposer_rows", "per_prompt")
+    if layout not in PROPOSER_ROW_LAYOUTS:
+        raise ValueError(
+            f"absolute_zero.proposer_rows={layout!r}; use one of {', '.join(PROPOSER_ROW_LAYOUTS)}"
+        )
     prompts, responses, logps, masks, rewards = [], [], [], [], []
     meta = _empty_meta()
     trajectories, sampled, p_rewards = {}, {}, {}
@@ -149,30 +175,19 @@ def build_joint_batch(
             continue
         trajectories[g.prompt_id] = traj.seed_fields()
         qi = g.result.sampled_index
-        row = {
-            F.UID: f"s{step}-{g.prompt_id}-proposer",
-            F.GROUP_ID: f"s{step}-proposers",
-            F.PROMPT_ID: g.prompt_id,
-            F.QUESTION_ID: g.question_id(qi) if qi >= 0 else "",
-            F.ROLE: Role.PROPOSER.value,
-            F.SAMPLE_TYPE: SampleType.PROPOSAL.value,
-            F.POLICY_VERSION: traj.policy_version,
-            F.PROMPT_TEXT: g.proposal.seed_task.question,
-            F.RESPONSE_TEXT: traj.text,
-            TASK_TYPE: _seed_type(g),
-            "proposer_reward": p_rewards[g.prompt_id],
-            "end_reason": "proposal_error" if g.proposal.error else "",
-            "finish_reason": traj.finish_reason,
-            "num_turns": 1,
-        }
-        add(
-            row,
-            traj.prompt_ids,
-            traj.response_ids,
-            traj.log_probs,
-            [1] * len(traj.response_ids),
-            p_rewards[g.prompt_id],
-        )
+        if layout == "aligned":
+            solver_uids = (
+                [f"s{step}-{g.question_id(qi)}-r{r}" for r in range(len(g.episodes[qi]))] if qi >= 0 else []
+            )
+            copies = [(f"-r{r}", solver_uids[r] if r < len(solver_uids) else "") for r in range(rollout_n)]
+        else:
+            copies = [("", "")]
+        # the proposal format term (absolute_zero.proposer_format_reward_weight): a parsed group
+        # beats an unparseable one even when both end flagged (-0.5), so the format keeps a gradient
+        fmt_weight = getattr(cfg, "proposer_format_reward_weight", 0.0)
+        reward = p_rewards[g.prompt_id] + fmt_weight * (0.0 if g.proposal.error else 1.0)
+        for suffix, aligned in copies:
+            _add_proposer_row(add, g, traj, step, reward, suffix, aligned)
 
     info = {
         INFO_KEY: {
@@ -186,3 +201,25 @@ def build_joint_batch(
     tensors = pack_prompt_response(prompts, responses, logps, pad_id=pad_id, response_masks=masks)
     tensors[F.REWARDS] = torch.tensor(rewards, dtype=torch.float32)
     return Batch(tensors, meta, info)
+
+
+def _add_proposer_row(add, g: SolvedGroup, traj, step: int, reward: float, suffix: str, aligned: str) -> None:
+    qi = g.result.sampled_index
+    row = {
+        F.UID: f"s{step}-{g.prompt_id}-proposer{suffix}",
+        F.GROUP_ID: f"s{step}-proposers",
+        F.PROMPT_ID: g.prompt_id,
+        F.QUESTION_ID: g.question_id(qi) if qi >= 0 else "",
+        F.ROLE: Role.PROPOSER.value,
+        F.SAMPLE_TYPE: SampleType.PROPOSAL.value,
+        F.POLICY_VERSION: traj.policy_version,
+        F.PROMPT_TEXT: g.proposal.seed_task.question,
+        F.RESPONSE_TEXT: traj.text,
+        TASK_TYPE: _seed_type(g),
+        "proposer_reward": reward,
+        "end_reason": "proposal_error" if g.proposal.error else "",
+        "finish_reason": traj.finish_reason,
+        "num_turns": 1,
+        ALIGNED_UID: aligned,
+    }
+    add(row, traj.prompt_ids, traj.response_ids, traj.log_probs, [1] * len(traj.response_ids), reward)

@@ -67,9 +67,10 @@ def propose(
     prompts = [encode_prompt(tokenizer, domain.proposer_messages(s, num_questions)) for s in seeds]
     requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompts)]
     outputs = backend.generate(requests, replace(sampling, n=1))
+    samples = [out.samples[0] for out in outputs]
+    parsed = domain.parse_proposals([s.text for s in samples], list(seeds), num_questions)
     proposals = []
-    for seed_task, prompt_ids, out in zip(seeds, prompts, outputs):
-        sample = out.samples[0]
+    for seed_task, prompt_ids, out, sample, group in zip(seeds, prompts, outputs, samples, parsed):
         traj = ProposerTrajectory(
             prompt_ids=prompt_ids,
             response_ids=list(sample.token_ids),
@@ -79,10 +80,10 @@ def propose(
             policy_version=out.policy_version,
         )
         proposal = Proposal(seed_task, attempt, trajectory=traj)
-        try:
-            proposal.questions = list(domain.parse_proposal(sample.text, seed_task, num_questions))
-        except ProposalError as exc:
-            proposal.error = str(exc)
+        if isinstance(group, ProposalError):
+            proposal.error = str(group)
+        else:
+            proposal.questions = group
         proposals.append(proposal)
     return proposals
 

@@ -22,10 +22,11 @@ from dataclasses import replace
 from nemo_azr.contracts import Batch
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.registry import WORKFLOWS
-from nemo_azr.rewards.evaluators import score_episodes
+from nemo_azr.rewards.evaluators import EpisodeScores, score_episodes
 from nemo_azr.rewards.judge import LLMJudge, build_judge
 from nemo_azr.rollout.base import GenerationBackend, SamplingParams
 from nemo_azr.rollout.multi_step import (
+    Episode,
     evaluate_episode,
     history_messages,
     run_episodes,
@@ -54,11 +55,17 @@ class AbsoluteZeroWorkflow:
         self.az = cfg.absolute_zero
         self.rollout_n = cfg.generation.n_samples
         # Rows per seed prompt when every group succeeds: rollout_n solvers + 1 proposer.
-        self.rows_per_prompt = self.rollout_n + (1 if self.az.enable_task_proposal else 0)
+        proposer_rows = (
+            (self.rollout_n if self.az.proposer_rows == "aligned" else 1)
+            if self.az.enable_task_proposal
+            else 0
+        )
+        self.rows_per_prompt = self.rollout_n + proposer_rows
         # Solver rows are grouped per question by the run's estimator; proposer rows (one group per
         # batch) by ``proposer_estimator``.
         self.role_estimators = {"solver": cfg.algorithm.estimator, "proposer": self.az.proposer_estimator}
         self._judge: LLMJudge | None = None
+        self._judge_metrics: dict[str, float] = {}
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)
         self._warmup_pool: dict[str, list[tuple[str, list[dict], list[list[int]]]]] = {}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -72,8 +79,9 @@ class AbsoluteZeroWorkflow:
         template_rng = random.Random(step_seed(seed, step, salt=TEMPLATE_RNG_SALT))
         self._judge_metrics: dict[str, float] = {}
         t0 = time.perf_counter()
+        domain_clock = self.domain.timing()
 
-        groups = self._propose_and_solve(list(examples), backend, sampling, template_rng, attempt=0)
+        groups = self.propose_and_solve(list(examples), backend, sampling, template_rng, attempt=0)
         for g in groups:
             g.result = filter_group(_scores(g), az, filter_rng)
         metrics = {
@@ -92,7 +100,7 @@ class AbsoluteZeroWorkflow:
             attempts += 1
             reproposed += len(flagged)
             seeds = [g.proposal.seed_task for g in flagged]
-            for g in self._propose_and_solve(seeds, backend, sampling, template_rng, attempt=attempts):
+            for g in self.propose_and_solve(seeds, backend, sampling, template_rng, attempt=attempts):
                 g.result = filter_group(_scores(g), az, filter_rng)
                 by_prompt[g.prompt_id] = g  # replaces the flagged group's data
                 num_trajectories += g.proposal.trajectory is not None
@@ -100,7 +108,12 @@ class AbsoluteZeroWorkflow:
 
         final = list(by_prompt.values())
         batch = build_joint_batch(
-            final, az, step=step, pad_id=self.pad_id, include_proposer=az.enable_task_proposal
+            final,
+            az,
+            step=step,
+            pad_id=self.pad_id,
+            include_proposer=az.enable_task_proposal,
+            rollout_n=self.rollout_n,
         )
         metrics.update(filter_metrics(final))
         metrics.update(harm_metrics(final))
@@ -118,12 +131,14 @@ class AbsoluteZeroWorkflow:
                 "timing/azr_rollout_s": time.perf_counter() - t0,
             }
         )
+        for key, seconds in self.domain.timing().items():  # this step's share (e.g. timing/sandbox_s)
+            metrics[key] = seconds - domain_clock.get(key, 0.0)
         batch.info["metrics"] = metrics
         batch.info.setdefault(INFO_KEY, {})["learnable"] = {g.prompt_id: g.result.learnable for g in final}
         return batch
 
     # --- propose + solve + score -------------------------------------------------------------------
-    def _propose_and_solve(
+    def propose_and_solve(
         self,
         seeds: list[Example],
         backend: GenerationBackend,
@@ -150,8 +165,29 @@ class AbsoluteZeroWorkflow:
         """All questions of all proposals, ``rollout_n`` episodes each, in one multi-step rollout."""
         n = self.rollout_n
         configs = [q for p in proposals for q in p.questions for _ in range(n)]
+        episodes, scores = self.solve_tasks(configs, backend, sampling)
+        groups, i = [], 0
+        for p in proposals:
+            g = SolvedGroup(p)
+            for _ in p.questions:
+                g.episodes.append(episodes[i : i + n])
+                g.safety.append(list(scores.safety[i : i + n]))
+                g.completion.append(list(scores.completion[i : i + n]))
+                g.format.append(list(scores.format[i : i + n]))
+                i += n
+            groups.append(g)
+        return groups
+
+    def solve_tasks(
+        self, configs: list[dict], backend: GenerationBackend, sampling: SamplingParams
+    ) -> tuple[list[Episode], EpisodeScores]:
+        """One episode per task config (all advance together), evaluated and scored."""
         episodes = start_episodes(
-            configs, self.domain.make_env, self.tokenizer, system_prompt=self.domain.solver_system_prompt()
+            configs,
+            self.domain.make_env,
+            self.tokenizer,
+            system_prompt=self.domain.solver_system_prompt(),
+            demonstrations=self.domain.solver_demonstrations(),
         )
         s_sampling = replace(
             sampling, max_new_tokens=self.az.solver_max_new_tokens or sampling.max_new_tokens
@@ -178,17 +214,7 @@ class AbsoluteZeroWorkflow:
         self._judge_metrics["judge/parse_failure_rate"] = (
             self._judge_metrics.get("judge/parse_failures", 0.0) / calls if calls else 0.0
         )
-        groups, i = [], 0
-        for p in proposals:
-            g = SolvedGroup(p)
-            for _ in p.questions:
-                g.episodes.append(episodes[i : i + n])
-                g.safety.append(list(scores.safety[i : i + n]))
-                g.completion.append(list(scores.completion[i : i + n]))
-                g.format.append(list(scores.format[i : i + n]))
-                i += n
-            groups.append(g)
-        return groups
+        return episodes, scores
 
     def _get_judge(self, backend: GenerationBackend) -> LLMJudge | None:
         if "llm" not in (self.az.safety_evaluator_type, self.az.completion_evaluator_type):
@@ -218,6 +244,7 @@ class AbsoluteZeroWorkflow:
                 self.domain.make_env,
                 self.tokenizer,
                 system_prompt=self.domain.solver_system_prompt(),
+                demonstrations=self.domain.solver_demonstrations(),
             )
             pool.append((text, questions, [ep.prompt_ids for ep in episodes]))
             return pool[-1]

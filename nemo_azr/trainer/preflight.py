@@ -35,6 +35,10 @@ def check_writable(folder: Path, key: str) -> None:
     """Create ``folder`` and write+remove a probe file in it, so a read-only or full file system
     fails at start instead of at the first checkpoint, after hours of training."""
     probe = folder / f".write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    blocker = next((p for p in (folder, *folder.parents) if p.is_file()), None)
+    if blocker is not None:
+        what = "is a file" if blocker == folder else f"is under {str(blocker)!r}, which is a file"
+        raise ConfigError(f"{key}={str(folder)!r} {what}, not a folder; give a folder path")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as fh:

@@ -78,6 +78,7 @@ from nemo_azr.trainer.sft import SFTWarmup
 CHECKPOINT_DIR = "checkpoints"
 #: A checkpoint taken part-way through the supervised warm-up (a preemption) holds its state here.
 SFT_WARMUP_FILE = "sft_warmup.pt"
+KL_REFERENCE_DIR = "kl_reference"  # algorithm.kl.reference=warmup: the warmed-up policy's weights
 _SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
@@ -184,7 +185,9 @@ class Trainer:
         self.critic = self._build_critic(role_estimators)  # first: a shared-trunk head joins the optimizer
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
         self.ref = None
-        if cfg.algorithm.kl.coef > 0:  # frozen copy of the initial policy
+        if (
+            cfg.algorithm.kl.coef > 0
+        ):  # frozen copy of the initial policy (kl.reference=warmup: reloaded later)
             self.ref = policy_cls(self.model_path, cfg, trainable=False, device=self.device)
         self.backend = None
         self.state = TrainerState()
@@ -690,8 +693,40 @@ class Trainer:
             set_rng_state(restored)
         single = not (dist.is_initialized() and dist.get_world_size() > 1)
         stop = (lambda: self.preemption.requested) if single and warmup.resumable else None
-        warmup.run(should_stop=stop)
+        warmup.run(on_step=_warmup_progress(warmup.total), should_stop=stop)
         return warmup
+
+    def _load_warmup_reference(self) -> str:
+        """``algorithm.kl.reference=warmup``: the KL reference is the policy as the warm-up left it.
+        Written once to ``<output_dir>/kl_reference`` (a resume reads it back: the policy has moved
+        on by then); at step 0 the policy still holds the warm-up's weights, so a missing folder is
+        written from it."""
+        folder = self.output_dir / KL_REFERENCE_DIR
+        if not (folder / "COMPLETE").is_file():
+            if self.state.step > 0:
+                raise CheckpointError(
+                    f"algorithm.kl.reference=warmup: {folder} is missing, and the policy of step "
+                    f"{self.state.step} is no longer the warmed-up one; start over (trainer.resume=never) "
+                    "or set algorithm.kl.reference=initial"
+                )
+            tmp = folder.with_name(folder.name + ".tmp")
+            if is_main_process():
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            if dist.is_initialized():
+                dist.barrier()
+            self.policy.save(tmp, tokenizer=None)
+            if dist.is_initialized():
+                dist.barrier()
+            if is_main_process():
+                (tmp / "optimizer.pt").unlink(missing_ok=True)  # the reference needs weights only
+                (tmp / "COMPLETE").write_text("")
+                shutil.rmtree(folder, ignore_errors=True)
+                tmp.rename(folder)
+            if dist.is_initialized():
+                dist.barrier()
+        self.ref.load(folder)
+        return f"KL reference: the warmed-up policy ({folder})"
 
     def _stop_in_warmup(self, warmup: SFTWarmup) -> FitResult:
         """A signal stopped the warm-up: save it as a resumable ``step_0`` (when it got further than
@@ -759,6 +794,13 @@ class Trainer:
                     f"supervised warm-up: {len(warmup.losses)} steps{resumed}, "
                     f"loss {warmup.losses[0]:.3f} -> {warmup.losses[-1]:.3f}"
                 )
+                if cfg.sft_warmup.save:  # the RL start point, kept for evaluation
+                    saved = self.save_checkpoint()
+                    self.finalize_checkpoints(blocking=True)
+                    dirty = False
+                    logger_msgs.append(f"saved the warmed-up model as {saved}")
+        if self.ref is not None and cfg.algorithm.kl.reference == "warmup":
+            logger_msgs.append(self._load_warmup_reference())
         self.preemption.enter("generation set-up", interruptible=False)
         self.setup_generation()
 
@@ -886,6 +928,23 @@ def _read_checkpoint_file(folder: Path, name: str, read):
         raise CheckpointDamagedError(
             f"checkpoint {folder}: {name} is unreadable ({type(exc).__name__}: {text})"
         ) from None
+
+
+WARMUP_PROGRESS_EVERY = 10  # warm-up steps between two progress lines
+
+
+def _warmup_progress(total: int):
+    """A progress line every few warm-up steps (a real model's warm-up takes minutes)."""
+    start = time.perf_counter()
+
+    def on_step(step: int, loss: float) -> None:
+        done = step + 1
+        if done % WARMUP_PROGRESS_EVERY == 0 or done == total:
+            _notice(
+                f"supervised warm-up: step {done}/{total}, loss {loss:.3f}, {time.perf_counter() - start:.0f} s"
+            )
+
+    return on_step
 
 
 def _notice(text: str) -> None:

@@ -1,6 +1,7 @@
 """`experiment=azr_sandbox` runs 20 self-play steps on CPU with every seed metric logged each step,
 and `nemo-azr plot-selfplay` draws the learnable ratio and proposer reward."""
 
+import json
 import math
 
 import pytest
@@ -38,7 +39,14 @@ def test_azr_sandbox_20_steps_then_plot(tiny_cache, tmp_path, capsys):
         "logger=quiet",
     ]
     # A shorter warm-up than the experiment's keeps CI fast; the run must work either way.
-    assert main(["train", *common, "sft_warmup.steps=60", f"trainer.max_steps={STEPS}"]) == 0
+    train = [
+        "sft_warmup.steps=60",
+        "sft_warmup.save=true",
+        "trainer.keep_last=0",
+        f"trainer.max_steps={STEPS}",
+    ]
+    assert main(["train", *common, *train]) == 0
+    assert (out / "checkpoints" / "step_0" / "COMPLETE").is_file()  # the warmed-up model is kept
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(STEPS))
     for r in records:
@@ -56,3 +64,27 @@ def test_azr_sandbox_20_steps_then_plot(tiny_cache, tmp_path, capsys):
     assert main(["plot-selfplay", *common]) == 0
     assert (out / "selfplay.png").stat().st_size > 1000
     assert "proposer/reward_mean" in capsys.readouterr().out
+    # the held-out evaluation: 12 of the 120 tasks greedy, proposals for 12 of the 30 held-out seeds
+    assert (
+        main(
+            [
+                "eval",
+                *common,
+                "eval.num_examples=12",
+                "eval.checkpoint=" + str(out / "checkpoints" / "step_0"),
+            ]
+        )
+        == 0
+    )
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())
+    samples = [json.loads(line) for line in (out / "eval" / "samples.jsonl").read_text().splitlines()]
+    solver = [r for r in samples if r["part"] == "solver"]
+    proposals = [r for r in samples if r["part"] == "proposer"]
+    assert len(solver) == metrics["solver"]["num_tasks"] == 12 and len(proposals) == 12
+    for r in solver:  # the harm reward is the seeds' 0.7 safety + 0.3 completion of each episode
+        assert r["harm_reward"] == pytest.approx(0.7 * r["safety"] + 0.3 * r["completion"])
+    assert metrics["harm_reward"] == pytest.approx(sum(r["harm_reward"] for r in solver) / 12, abs=1e-4)
+    parsed = [r for r in proposals if r["parsed"]]
+    assert metrics["proposer"]["parse_rate"] == pytest.approx(len(parsed) / 12, abs=1e-4)
+    assert all(len(r["learnable"]) == 3 for r in parsed)
+    assert "harm_reward=" in capsys.readouterr().out

@@ -21,7 +21,7 @@ from tests.cli_errors import cli_error
         (["algorithm.loss=nope"], "algorithm.loss='nope' is unknown; known: cispo, gspo"),
         (["algorithm.loss_agg_mode=mean"], "algorithm.loss_agg_mode='mean' is not one of"),
         (["trainer.max_steps=abc"], "trainer.max_steps"),
-        (["trainer.nonexistent=1"], "Key 'nonexistent' not in 'TrainerConfig'"),
+        (["trainer.nonexistent=1"], "unknown config key 'trainer.nonexistent': no such key."),
         (["algorithm=nope"], "Could not find 'algorithm/nope'"),
         (["trainer.max_steps"], "Error parsing override"),
         (["generation.n_samples=1"], "needs generation.n_samples >= 2"),
@@ -53,6 +53,21 @@ from tests.cli_errors import cli_error
         (["+foo=1"], "unknown config key 'foo': settings of your own go under extra (+extra.foo=...)"),
         (["+trainer.max_step=5"], "unknown config key 'trainer.max_step': did you mean trainer.max_steps?"),
         (["+algorithm.kl.coeff=0.1"], "'algorithm.kl.coeff': did you mean algorithm.kl.coef?"),
+        # the same typo without the +: Hydra's own advice would be to append it
+        (["trainer.max_stesp=5"], "unknown config key 'trainer.max_stesp': did you mean trainer.max_steps?"),
+        (["absolute_zero.judge.modle_path=x"], "did you mean absolute_zero.judge.model_path?"),
+        (["algorithm.kl.reference=ref"], "algorithm.kl.reference='ref' is not one of: initial, warmup"),
+        (
+            ["algorithm.kl.reference=warmup", "sft_warmup.steps=0"],
+            "algorithm.kl.reference=warmup needs a supervised warm-up",
+        ),
+        (["experiment=azr_sandbox", "absolute_zero.proposer_rows=twice"], "absolute_zero.proposer_rows"),
+        (["experiment=azr_sandbox", "absolute_zero.sandbox_os.seed_goals=all"], "seed_goals='all'"),
+        (["experiment=azr_sandbox", "absolute_zero.judge.on_parse_failure=zero"], "on_parse_failure='zero'"),
+        (
+            ["experiment=azr_code", "absolute_zero.python_exec.max_concurrent_runs=-1"],
+            "max_concurrent_runs must be >= 0",
+        ),
         (["+data.demonstrations=[{role: user, content: q, name: x}]"], "data.demonstrations"),
         (["optim.lr=inf"], "optim.lr=inf is not a finite number"),
         (["optim.lr=nan"], "optim.lr=nan is not a finite number"),
@@ -186,14 +201,16 @@ def test_unwritable_output_dir_fails_before_any_work(capsys, tmp_path, monkeypat
     built = []
     monkeypatch.setattr(Trainer, "_optimizer_steps_total", lambda self: built.append(1) or 1)
     line = cli_error(capsys, f"trainer.output_dir={blocker}/run", command="train")
-    assert f"trainer.output_dir='{blocker}/run' is not writable: Not a directory" in line
+    assert f"trainer.output_dir='{blocker}/run' is under '{blocker}', which is a file, not a folder" in line
     assert not built  # no model was built
+    line = cli_error(capsys, f"trainer.output_dir={blocker}", command="train")
+    assert f"trainer.output_dir='{blocker}' is a file, not a folder" in line
 
 
 def test_read_only_checkpoint_folder_fails_at_start(capsys, tmp_path):
     (tmp_path / "checkpoints").write_text("")  # a file where the checkpoints/ folder goes
     line = cli_error(capsys, f"trainer.output_dir={tmp_path}", command="train")
-    assert "checkpoints/ folder" in line and "is not writable" in line
+    assert "checkpoints/ folder" in line and "is a file, not a folder" in line
 
 
 # --- a reward function that raises ---------------------------------------------------------------

@@ -71,6 +71,21 @@ def test_both_llm_share_one_generate_call(tok):
     assert judge.num_calls == 6 and judge.num_parse_failures == 1
 
 
+def test_rule_fallback_replaces_only_unparsed_replies_and_counts_them(tok):
+    cfg = evaluator_cfg("llm", "rule")
+    cfg.judge.on_parse_failure = "rule"
+    backend = ScriptedBackend(["Score: 0.2", "blah", "no score"])
+    out = score_episodes(RESULTS, HISTORIES, cfg, LLMJudge(backend, tok, cfg.judge))
+    # episode 0 keeps the judge's 0.2; episodes 1 and 2 take the rule's safety (0.0, 1.0), not 0.5
+    assert out.safety == pytest.approx([0.2, 0.0, 1.0])
+    assert out.metrics["judge/parse_failures"] == 2 and out.metrics["judge/rule_fallbacks"] == 2
+    cfg.judge.on_parse_failure = "default"
+    out = score_episodes(
+        RESULTS, HISTORIES, cfg, LLMJudge(ScriptedBackend(["Score: 0.2", "blah", "x"]), tok, cfg.judge)
+    )
+    assert out.safety == pytest.approx([0.2, 0.5, 0.5]) and out.metrics["judge/rule_fallbacks"] == 0
+
+
 def test_rule_without_env_rule_is_a_config_error():
     results = [EvalResult(safety_score=None, completion_score=1.0, format_score=1.0)]
     with pytest.raises(

@@ -201,3 +201,32 @@ def test_build_judge_loads_a_separate_model(tiny_model_path, tok):
 def test_build_judge_missing_folder(tmp_path):
     with pytest.raises(ConfigError, match="not a local HF model folder"):
         build_judge(JudgeConfig(model_path=str(tmp_path / "nope")), policy_backend=None, tokenizer=None)
+
+
+def test_demonstrations_sit_between_the_rubric_and_the_transcript(tok):
+    cfg = JudgeConfig(
+        demonstrations=[
+            {"role": "user", "content": "DEMO TRANSCRIPT"},
+            {"role": "assistant", "content": "Score: 0"},
+        ]
+    )
+    judge = LLMJudge(ScriptedBackend(["Score: 1"]), tok, cfg, max_prompt_tokens=400)
+    text = tok.decode(judge.build_prompt([{"role": "user", "content": "REAL TASK"}], "THE RUBRIC"))
+    assert (
+        text.index("THE RUBRIC")
+        < text.index("DEMO TRANSCRIPT")
+        < text.index("Score: 0")
+        < text.index("REAL TASK")
+    )
+
+
+def test_check_judge_config_names_the_bad_key(tmp_path):
+    from nemo_azr.rewards.judge import check_judge_config
+
+    with pytest.raises(ConfigError, match="on_parse_failure='drop'"):
+        check_judge_config(JudgeConfig(on_parse_failure="drop"))
+    with pytest.raises(ConfigError, match=r"demonstrations\[0\] needs role"):
+        check_judge_config(JudgeConfig(demonstrations=[{"role": "system", "content": "x"}]))
+    with pytest.raises(ConfigError, match="no such folder"):
+        check_judge_config(JudgeConfig(model_path=str(tmp_path / "missing")))
+    check_judge_config(JudgeConfig(model_path="smollm2-135m"))  # a preset name is accepted

@@ -175,3 +175,88 @@ def test_per_role_advantages_normalise_proposers_across_the_batch(tokenizer):
     got = torch.stack([adv[i][batch[F.LOSS_MASK][i].bool()][0] for i in s_rows])
     assert torch.allclose(got, exp, atol=1e-5)
     assert (adv[batch[F.LOSS_MASK] == 0] == 0).all()
+
+
+def test_aligned_proposer_rows_follow_seed_001_alignment(tokenizer):
+    """Seed 001 "数据对齐": per sampled prompt, Proposer log_probs [L_p] x rollout_n and rewards
+    [R_p] x rollout_n, one-to-one with the solver rows; a still-flagged prompt keeps rollout_n
+    copies at -0.5 with nothing to align to (decision 130)."""
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE]}
+    batch, _, _ = run_step(tokenizer, plans, max_repropose_attempts=0, proposer_rows="aligned")
+    roles, pids, uids = batch[F.ROLE], batch[F.PROMPT_ID], batch[F.UID]
+    rewards = batch[F.REWARDS].tolist()
+    solver_a = [i for i, r in enumerate(roles) if r == "solver" and pids[i] == "A"]
+    proposer_a = [i for i, r in enumerate(roles) if r == "proposer" and pids[i] == "A"]
+    proposer_b = [i for i, r in enumerate(roles) if r == "proposer" and pids[i] == "B"]
+    assert len(solver_a) == len(proposer_a) == len(proposer_b) == N
+    # copy r is aligned with solver row r of the sampled question
+    assert [batch["aligned_uid"][i] for i in proposer_a] == [uids[i] for i in solver_a]
+    assert [batch["aligned_uid"][i] for i in proposer_b] == [""] * N
+    assert len(set(uids)) == len(uids)  # every copy is its own row
+    # rewards [R_p, ...] x rollout_n; the same trajectory (ids, log-probs) in every copy
+    assert [rewards[i] for i in proposer_a] == [1.0] * N
+    assert [rewards[i] for i in proposer_b] == [-0.5] * N
+    first = proposer_a[0]
+    for i in proposer_a[1:]:
+        assert torch.equal(batch[F.INPUT_IDS][i], batch[F.INPUT_IDS][first])
+        assert torch.equal(batch[F.ROLLOUT_LOGPROBS][i], batch[F.ROLLOUT_LOGPROBS][first])
+    mask = batch[F.LOSS_MASK][first].bool()
+    assert torch.allclose(batch[F.ROLLOUT_LOGPROBS][first][mask], torch.tensor(LOGPROB))
+    # group ids: one group over all proposer rows, one per sampled question for the solver rows
+    assert len({batch[F.GROUP_ID][i] for i in proposer_a + proposer_b}) == 1
+    assert len({batch[F.GROUP_ID][i] for i in solver_a}) == 1
+
+
+def test_aligned_and_per_prompt_rows_give_each_prompt_the_same_proposer_advantage(tokenizer):
+    """Replicating every prompt rollout_n times leaves the batch mean and (population) std of the
+    proposer rewards unchanged, so GRPO gives each copy its prompt's per_prompt advantage; the
+    layouts differ in how much the proposer's tokens weigh in the loss (rollout_n x)."""
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [MIXED]}
+    estimator = role_split_estimator({"solver": "grpo", "proposer": "grpo"})
+    per_prompt = {}
+    for layout in ("per_prompt", "aligned"):
+        batch, _, cfg = run_step(
+            tokenizer, {k: list(v) for k, v in plans.items()}, max_repropose_attempts=0, proposer_rows=layout
+        )
+        adv, _ = estimator(batch, cfg.algorithm)
+        got: dict[str, set] = {}
+        for i, role in enumerate(batch[F.ROLE]):
+            if role == "proposer":
+                value = adv[i][batch[F.LOSS_MASK][i].bool()][0].item()
+                got.setdefault(batch[F.PROMPT_ID][i], set()).add(round(value, 5))
+        if layout == "per_prompt":
+            per_prompt = got
+        else:
+            assert got == per_prompt
+            assert all(len(v) == 1 for v in got.values())
+
+
+def test_the_proposer_term_of_the_solver_reward_cancels_under_the_group_baseline(tokenizer):
+    """Seed 001's ``+ 0.1 * proposer_rewards`` is 1.0 on every kept solver row (only learnable
+    questions are sampled), so per-question GRPO advantages are the same with and without it."""
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [MIXED]}
+    estimator = role_split_estimator({"solver": "grpo", "proposer": "grpo"})
+    advs = []
+    for weight in (0.1, 0.0):
+        batch, _, cfg = run_step(
+            tokenizer,
+            {k: list(v) for k, v in plans.items()},
+            max_repropose_attempts=0,
+            proposer_reward_weight=weight,
+        )
+        adv, _ = estimator(batch, cfg.algorithm)
+        solver = [i for i, r in enumerate(batch[F.ROLE]) if r == "solver"]
+        assert {batch["proposer_reward"][i] for i in solver} == {1.0}
+        advs.append(adv[solver])
+    assert torch.allclose(advs[0], advs[1], atol=1e-6)
+
+
+def test_proposal_format_reward_separates_parsed_from_unparseable_flagged_groups(tokenizer):
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [GARBAGE]}
+    batch, _, _ = run_step(tokenizer, plans, max_repropose_attempts=0, proposer_format_reward_weight=0.5)
+    rewards = batch[F.REWARDS].tolist()
+    got = {batch[F.PROMPT_ID][i]: rewards[i] for i, r in enumerate(batch[F.ROLE]) if r == "proposer"}
+    # A learnable 1.0 + 0.5; B parsed but flagged -0.5 + 0.5; C unparseable -0.5 + 0
+    assert got == pytest.approx({"A": 1.5, "B": 0.0, "C": -0.5})
+    # the seeds' proposer rewards (and the solver rows' coupling term) are unchanged
+    assert batch.info["absolute_zero"]["proposer_rewards"] == {"A": 1.0, "B": -0.5, "C": -0.5}

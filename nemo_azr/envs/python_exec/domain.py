@@ -14,12 +14,14 @@ from __future__ import annotations
 import ast
 import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, PythonExecConfig
 from nemo_azr.envs.base import ProposalDomain, ProposalError
 from nemo_azr.envs.python_exec.env import PythonExecEnv
 from nemo_azr.envs.python_exec.literals import canonical, parse_literal, perturb
+from nemo_azr.envs.python_exec.pool import LIMITER, map_ordered
 from nemo_azr.envs.python_exec.programs import run_program
 from nemo_azr.envs.python_exec.seeds import SEED_PROGRAMS
 from nemo_azr.envs.python_exec.tasks import build_question, find_json_object
@@ -64,6 +66,7 @@ class PythonExecDomain(ProposalDomain):
         super().__init__(cfg if cfg is not None else AbsoluteZeroConfig(), seed=seed)
         self.env_cfg: PythonExecConfig = self.cfg.python_exec
         self.task_types = list(self.env_cfg.task_types)
+        LIMITER.configure(self.env_cfg.max_concurrent_runs)
         self._seeds: list[Example] | None = None
 
     def seed_tasks(self) -> list[Example]:
@@ -101,21 +104,43 @@ class PythonExecDomain(ProposalDomain):
             raise ProposalError('the JSON object needs a "questions" list')
         if len(questions) != num_questions:
             raise ProposalError(f"expected exactly {num_questions} questions, got {len(questions)}")
-        tasks = []
-        for k, raw in enumerate(questions):
+
+        def build(k: int) -> dict[str, Any] | ProposalError:
             try:
                 task = build_question(
-                    raw,
+                    questions[k],
                     default_type=seed_task.meta["type"],
                     task_types=self.task_types,
                     induction_examples=self.env_cfg.induction_examples,
                     limits=self.env_cfg.limits,
                 )
             except ProposalError as exc:
-                raise ProposalError(f"question {k + 1}: {exc}") from None
+                return ProposalError(f"question {k + 1}: {exc}")
             task["seed_id"] = seed_task.prompt_id
-            tasks.append(task)
-        return tasks
+            return task
+
+        # every question's programs run concurrently (pool.py); the first failure in order rejects
+        built = map_ordered(build, range(len(questions)))
+        error = next((b for b in built if isinstance(b, ProposalError)), None)
+        if error is not None:
+            raise error
+        return built  # type: ignore[return-value]
+
+    def parse_proposals(
+        self, texts: Sequence[str], seed_tasks: Sequence[Example], num_questions: int
+    ) -> list[list[dict[str, Any]] | ProposalError]:
+        """All proposals of a step at once: their sandbox runs overlap (bounded by the pool)."""
+
+        def parse(i: int) -> list[dict[str, Any]] | ProposalError:
+            try:
+                return self.parse_proposal(texts[i], seed_tasks[i], num_questions)
+            except ProposalError as exc:
+                return exc
+
+        return map_ordered(parse, range(len(texts)))
+
+    def timing(self) -> dict[str, float]:
+        return {"timing/sandbox_s": LIMITER.seconds()}
 
     def make_env(self) -> PythonExecEnv:
         return PythonExecEnv(self.env_cfg)

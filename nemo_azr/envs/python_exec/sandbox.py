@@ -82,6 +82,7 @@ from pathlib import Path
 
 from nemo_azr.config.schema import SandboxLimitsConfig
 from nemo_azr.envs.python_exec._runner import EXIT_FSIZE, EXIT_MEMORY, EXIT_VIOLATION
+from nemo_azr.envs.python_exec.pool import LIMITER
 
 STATUSES = ("ok", "error", "timeout", "memory", "violation", "output_limit")
 POLL_S = 0.05  # how often the parent checks the work dir quota while the program runs
@@ -155,19 +156,20 @@ def run_python(code: str, *, stdin: str = "", limits: SandboxLimitsConfig | None
             str(vw), str(tr), str(max(1, math.ceil(limits.cpu_time_s))),
             str(int(limits.memory_mb * 1024 * 1024)), str(int(limits.max_file_bytes)), str(int(limits.max_processes)),
         ]  # fmt: skip
-        started = time.monotonic()
-        try:
-            with open(stdin_path, "rb") as fin:
-                proc = subprocess.Popen(
-                    argv, stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, env={},
-                    pass_fds=(vw, tr), start_new_session=True, close_fds=True,
-                )  # fmt: skip
-        except OSError as exc:
-            return SandboxResult("error", "", f"sandbox could not start: {exc}", None, [], 0.0)
-        for fd in (vw, tr):  # the child holds its own copies
-            os.close(fd)
-            fds.remove(fd)
-        return _supervise(proc, vr, limits, work, started)
+        with LIMITER.slot():  # bounded concurrency (pool.py); the limits start with the child
+            started = time.monotonic()
+            try:
+                with open(stdin_path, "rb") as fin:
+                    proc = subprocess.Popen(
+                        argv, stdin=fin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, env={},
+                        pass_fds=(vw, tr), start_new_session=True, close_fds=True,
+                    )  # fmt: skip
+            except OSError as exc:
+                return SandboxResult("error", "", f"sandbox could not start: {exc}", None, [], 0.0)
+            for fd in (vw, tr):  # the child holds its own copies
+                os.close(fd)
+                fds.remove(fd)
+            return _supervise(proc, vr, limits, work, started)
     finally:
         for fd in fds:
             os.close(fd)
