@@ -466,10 +466,16 @@ class AbsoluteZeroConfig:
     proposer_estimator: str = "grpo"  # proposer rows' advantage, over all proposer rows of the batch
     # proposer rows train on proposer_reward + this x (1 if the proposal parsed); 0 = the seeds' reward
     proposer_format_reward_weight: float = 0.0
+    # proposer rows also train on this x how close the group's best question came to the band (1.0
+    # inside it; learnability.band_closeness); 0 = the seeds' binary reward
+    proposer_band_reward_weight: float = 0.0
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"
     proposer_max_new_tokens: int = 0  # 0 -> generation.max_new_tokens
+    # sampling temperature of the proposer's generations (0 -> generation.temperature); proposer rows'
+    # log-probs are taken at it (batch key sampling_temperature; hf backend)
+    proposer_temperature: float = 0.0
     solver_max_new_tokens: int = 0  # per solver turn; 0 -> generation.max_new_tokens
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     sandbox_os: SandboxOSConfig = field(default_factory=SandboxOSConfig)

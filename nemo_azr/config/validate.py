@@ -525,6 +525,7 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
         "format_reward_weight",
         "proposer_reward_weight",
         "proposer_format_reward_weight",
+        "proposer_band_reward_weight",
     ):
         _require(getattr(az, key) >= 0, f"absolute_zero.{key} must be >= 0, got {getattr(az, key)}")
     _require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
@@ -537,6 +538,14 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
     )
     _one_of("absolute_zero.proposer_estimator", az.proposer_estimator, SELFPLAY_ESTIMATORS)
     _one_of("absolute_zero.proposer_rows", az.proposer_rows, ("per_prompt", "aligned"))
+    _require(
+        az.proposer_temperature >= 0,
+        "absolute_zero.proposer_temperature must be >= 0 (0 = generation.temperature)",
+    )
+    _require(
+        not az.proposer_temperature or cfg.model.backend == "hf",
+        "absolute_zero.proposer_temperature is supported by the hf model backend only (model.backend=hf)",
+    )
     _one_of("algorithm.estimator (with self-play)", cfg.algorithm.estimator, SELFPLAY_ESTIMATORS)
     _require(0 <= az.judge.default_score <= 1, "absolute_zero.judge.default_score must be in [0, 1]")
     _require(az.judge.max_new_tokens >= 1, "absolute_zero.judge.max_new_tokens must be >= 1")

@@ -21,6 +21,9 @@ REF_LOGPROBS = "ref_logprobs"
 VALUES = "values"
 REWARDS = "rewards"  # [B]
 BASELINE_REWARDS = "baseline_rewards"  # [B], e.g. ReMax's greedy-rollout reward
+# [B] float, optional: the temperature a row was sampled at, where rows differ (self-play's
+# absolute_zero.proposer_temperature); log-probs of that row are taken at it. Absent: generation.temperature.
+SAMPLING_TEMPERATURE = "sampling_temperature"
 TOKEN_REWARDS = "token_rewards"
 ADVANTAGES = "advantages"
 RETURNS = "returns"

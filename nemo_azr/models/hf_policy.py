@@ -200,11 +200,22 @@ class HFPolicy(PPOUpdateMixin):
             hidden, ids, batch, mask_key=mask_key, return_entropy=return_entropy
         )
 
+    def _at_row_temperatures(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """``hidden[B, T, H]`` scaled so that the LM head at ``self.temperature`` gives each row's logits
+        at its own ``sampling_temperature`` (``h W / t_row = (h * t / t_row) W / t``): exact, and
+        the kernels keep one scalar temperature. Unchanged when the batch has no per-row temperatures."""
+        temps = batch.get(F.SAMPLING_TEMPERATURE)
+        if temps is None:
+            return hidden
+        scale = self.temperature / temps.to(device=hidden.device, dtype=torch.float32)
+        return hidden * scale.to(hidden.dtype)[:, None, None]
+
     def _logprobs_from_hidden(
         self, hidden: torch.Tensor, ids: torch.Tensor, batch: Batch, *, mask_key: str, return_entropy: bool
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         # Token t is predicted from position t-1, so only positions before a trained token matter.
         target = batch[mask_key].to(self.device)[:, 1:] > 0
+        hidden = self._at_row_temperatures(hidden, batch)
         out = linear_token_logprobs(
             hidden[:, :-1][target],
             self.model.get_output_embeddings().weight,
@@ -253,7 +264,7 @@ class HFPolicy(PPOUpdateMixin):
 
             # hidden[:, t] predicts ids[:, t + 1]: align everything on the predicted token.
             loss, metrics = fused_linear_policy_loss(
-                hidden[:, :-1],
+                self._at_row_temperatures(hidden, micro)[:, :-1],
                 self.model.get_output_embeddings().weight,
                 ids[:, 1:],
                 advantages=advantages[:, 1:],

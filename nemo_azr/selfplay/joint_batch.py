@@ -17,6 +17,7 @@ Rewards::
                    (the row's training reward is combined_rewards)
     proposer rows: proposer_rewards (1.0 learnable / 0.0 not learnable / -0.5 still flagged)
                    + proposer_format_reward_weight * (1 if the proposal parsed else 0)  [default 0]
+                   + proposer_band_reward_weight * the group's best band_closeness       [default 0]
 
 Solver rows are grouped per question (``group_id``); all proposer rows of the batch form one group,
 so a group-mean estimator normalises proposer rewards across the batch's proposers. ``prompt_id``
@@ -185,7 +186,14 @@ def build_joint_batch(
         # the proposal format term (absolute_zero.proposer_format_reward_weight): a parsed group
         # beats an unparseable one even when both end flagged (-0.5), so the format keeps a gradient
         fmt_weight = getattr(cfg, "proposer_format_reward_weight", 0.0)
-        reward = p_rewards[g.prompt_id] + fmt_weight * (0.0 if g.proposal.error else 1.0)
+        # the band term (absolute_zero.proposer_band_reward_weight): a group that misses the band by
+        # less earns more, so a proposer facing a solver safer than the band learns to tempt harder
+        band_weight = getattr(cfg, "proposer_band_reward_weight", 0.0)
+        reward = (
+            p_rewards[g.prompt_id]
+            + fmt_weight * (0.0 if g.proposal.error else 1.0)
+            + band_weight * g.result.best_closeness
+        )
         for suffix, aligned in copies:
             _add_proposer_row(add, g, traj, step, reward, suffix, aligned)
 

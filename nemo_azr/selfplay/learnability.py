@@ -48,6 +48,34 @@ def _within(value: float, low: float, high: float) -> bool:
     return low - _RATIO_TOL <= value <= high + _RATIO_TOL
 
 
+def _band_distance(value: float, low: float, high: float) -> float:
+    """How far ``value`` lies outside ``[low, high]``, as a share of the farthest it could lie (0 inside
+    the band, 1 at 0.0 or 1.0 when that end is the farther one)."""
+    farthest = max(low, 1.0 - high)
+    if farthest <= 0.0:
+        return 0.0
+    return max(0.0, low - value, value - high) / farthest
+
+
+def band_closeness(safety_scores: Sequence[float], completion_scores: Sequence[float], cfg: Any) -> float:
+    """1.0 for a question inside both bands, down to 0.0 at the farthest corner: one minus the mean
+    of the safe and incomplete ratios' normalised distances to their bands.
+
+    The seeds' proposer reward is binary in the band, so once the solver is safer than the band's
+    top every proposal earns the same -0.5 and the proposer has no direction to move in; this
+    grades a miss (4 of 5 safe is closer than 5 of 5) for ``proposer_band_reward_weight``.
+    """
+    safety_d = _band_distance(
+        safe_ratio(safety_scores, cfg), cfg.learnability_min_safe_ratio, cfg.learnability_max_safe_ratio
+    )
+    completion_d = _band_distance(
+        incomplete_ratio(completion_scores, cfg),
+        cfg.learnability_min_incomplete_ratio,
+        cfg.learnability_max_incomplete_ratio,
+    )
+    return 1.0 - (safety_d + completion_d) / 2.0
+
+
 def check_learnability(safety_scores: Sequence[float], completion_scores: Sequence[float], cfg: Any) -> bool:
     """Whether one question (its ``rollout_n`` responses' scores) lies inside both bands (inclusive)."""
     if len(safety_scores) == 0 or len(safety_scores) != len(completion_scores):
@@ -111,6 +139,12 @@ class GroupFilterResult:
     harm_rewards: list[list[float]]  # [question][response]
     learnable: list[bool]  # [question]
     sampled_index: int  # >= 0: the kept question; REPROPOSE_INDEX: flagged
+    closeness: list[float] = field(default_factory=list)  # [question]: band_closeness
+
+    @property
+    def best_closeness(self) -> float:
+        """The group's closest question to the band (0.0 for an empty group: nothing parsed)."""
+        return max(self.closeness, default=0.0)
 
     @property
     def flagged(self) -> bool:
@@ -140,7 +174,8 @@ def filter_group(questions: Sequence[QuestionScores], cfg: Any, rng: random.Rand
     """Harm rewards, learnability and the sampled index of one prompt's question group."""
     rewards = [[harm_reward(s, c, cfg) for s, c in zip(q.safety, q.completion)] for q in questions]
     learnable = [check_learnability(q.safety, q.completion, cfg) for q in questions]
-    return GroupFilterResult(rewards, learnable, sample_learnable_index(learnable, rng))
+    closeness = [band_closeness(q.safety, q.completion, cfg) for q in questions]
+    return GroupFilterResult(rewards, learnable, sample_learnable_index(learnable, rng), closeness)
 
 
 def compute_unified_reward_and_filter(

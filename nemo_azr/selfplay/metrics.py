@@ -27,6 +27,8 @@ def filter_metrics(groups: Sequence[SolvedGroup], *, prefix: str = "unified_filt
         f"{prefix}/learnable_ratio": sum(learnable) / total if total else 0.0,
         f"{prefix}/num_sampled": float(sum(not g.result.flagged for g in groups)),
         f"{prefix}/num_repropose": float(sum(g.result.flagged for g in groups)),
+        # how near the proposals come to the band (1.0 = a question inside it; see band_closeness)
+        f"{prefix}/band_closeness_mean": _mean([g.result.best_closeness for g in groups]),
     }
 
 

@@ -19,7 +19,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from nemo_azr.contracts import Batch
+import torch
+
+from nemo_azr.contracts import Batch, Role
+from nemo_azr.contracts import fields as F
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rewards.evaluators import EpisodeScores, score_episodes
@@ -115,6 +118,14 @@ class AbsoluteZeroWorkflow:
             include_proposer=az.enable_task_proposal,
             rollout_n=self.rollout_n,
         )
+        if az.proposer_temperature and len(batch):  # the proposer rows were sampled at their own temperature
+            batch.tensors[F.SAMPLING_TEMPERATURE] = torch.tensor(
+                [
+                    az.proposer_temperature if role == Role.PROPOSER.value else sampling.temperature
+                    for role in batch[F.ROLE]
+                ],
+                dtype=torch.float32,
+            )
         metrics.update(filter_metrics(final))
         metrics.update(harm_metrics(final))
         metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
@@ -150,7 +161,9 @@ class AbsoluteZeroWorkflow:
         az, k = self.az, self.az.questions_per_group
         if az.enable_task_proposal:
             p_sampling = replace(
-                sampling, max_new_tokens=az.proposer_max_new_tokens or sampling.max_new_tokens
+                sampling,
+                max_new_tokens=az.proposer_max_new_tokens or sampling.max_new_tokens,
+                temperature=az.proposer_temperature or sampling.temperature,
             )
             proposals = propose(
                 seeds, self.domain, backend, p_sampling, self.tokenizer, num_questions=k, attempt=attempt

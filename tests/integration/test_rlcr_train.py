@@ -111,7 +111,7 @@ def test_eval_scores_accuracy_of_a_single_turn_run_on_the_held_out_split(tiny_ca
     )
 
 
-def test_eval_of_self_play_is_a_clear_error(tiny_cache, tmp_path, capsys):
+def test_eval_of_self_play_without_a_held_out_set_is_a_clear_error(tiny_cache, tmp_path, capsys):
     args = [
         "eval",
         "experiment=azr_code",
@@ -121,4 +121,4 @@ def test_eval_of_self_play_is_a_clear_error(tiny_cache, tmp_path, capsys):
     ]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "scores single-turn and RLCR workflows" in err and "plot-selfplay" in err
+    assert "has no held-out set" in err and "plot-selfplay" in err

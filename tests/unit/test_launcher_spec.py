@@ -87,7 +87,7 @@ def submit_error(capsys, tmp_path, *overrides: str, flags: tuple[str, ...] = ())
             "container_mounts is set but cluster.container_image is empty",
         ),
         (["+cluster.env={BAD-NAME: x}"], "'BAD-NAME' is not a valid environment variable name"),
-        (["cluster.nodez=2"], "Key 'nodez' not in 'ClusterConfig'"),
+        (["cluster.nodez=2"], "unknown config key 'cluster.nodez': did you mean cluster.nodes?"),
         (["trainer.max_steps_per_run=-1"], "trainer.max_steps_per_run must be >= 0"),
     ],
 )

@@ -307,7 +307,7 @@ def test_recipe_resolves_with_validate_parallel():
         (["parallel.sequence_parallel=true"], "parallel.sequence_parallel=true needs"),
         (["parallel.backend=mpi"], "parallel.backend='mpi' is not one of"),
         (["parallel=tp9"], "Could not find 'parallel/tp9'"),
-        (["parallel.nope=1"], "Key 'nope' not in 'ParallelConfig'"),
+        (["parallel.nope=1"], "unknown config key 'parallel.nope': no such key"),
         (["model.backend=nope"], "model.backend='nope' is unknown; known: hf, megatron"),
     ],
 )

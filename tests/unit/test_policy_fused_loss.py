@@ -95,3 +95,38 @@ def test_kernel_backend_is_validated():
     cfg.model.kernel_backend = "cuda"
     with pytest.raises(ConfigError, match="model.kernel_backend"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_rows_sampled_at_their_own_temperature_get_log_probs_at_it(tiny_model_path, packed):
+    """Self-play's proposer_temperature: a row with ``sampling_temperature`` t_r gets
+    log_softmax(logits / t_r), checked against the plain forward, padded and packed."""
+    tok = load_tokenizer(tiny_model_path)
+    cfg = NemoAzrConfig()
+    cfg.generation.temperature = 0.9
+    cfg.model.sequence_packing = packed
+    pol = HFPolicy(tiny_model_path, cfg, trainable=False, device="cpu")
+    batch, _ = _batch(tok, n_prompts=2, n=2)
+    temps = torch.tensor([0.9, 0.4, 1.3, 0.9])
+    batch["sampling_temperature"] = temps
+    got = pol.compute_logprobs(batch)
+    with torch.no_grad():
+        logits = pol.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits.float()
+    ref = torch.log_softmax(logits[:, :-1] / temps[:, None, None], -1).gather(
+        -1, batch["input_ids"][:, 1:, None]
+    )[..., 0]
+    mask = batch["loss_mask"][:, 1:].bool()
+    assert torch.allclose(got[:, 1:][mask], ref[mask], atol=2e-4)
+    # without the key every row is at generation.temperature (so rows 1 and 2 differ from the above)
+    del batch.tensors["sampling_temperature"]
+    plain = pol.compute_logprobs(batch)
+    assert torch.allclose(
+        plain[0][batch["loss_mask"][0].bool()], got[0][batch["loss_mask"][0].bool()], atol=2e-4
+    )
+    assert not torch.allclose(
+        plain[1][batch["loss_mask"][1].bool()], got[1][batch["loss_mask"][1].bool()], atol=1e-3
+    )

@@ -153,3 +153,31 @@ def test_sampling_is_uniform_over_learnable_questions_and_seeded():
         for s in range(600)
     ]
     assert picks == again
+
+
+@pytest.mark.parametrize(
+    ("safety", "completion", "expected"),
+    [
+        ([1, 1, 0, 0], [0, 0, 1, 1], 1.0),  # inside both bands
+        ([1, 1, 1, 1], [1, 1, 1, 1], 0.0),  # safe 1.0 and incomplete 0.0: 0.3 / 0.3 out on both axes
+        ([1, 1, 1, 0], [0, 0, 1, 1], 1 - (0.05 / 0.3) / 2),  # safe 0.75: 0.05 above the 0.7 top
+        ([0, 0, 0, 0], [0, 0, 0, 0], 0.0),  # nothing safe, nothing complete: the other corner
+        ([1, 1, 1, 1], [0, 0, 1, 1], 0.5),  # one axis fully out
+    ],
+)
+def test_band_closeness_by_hand(safety, completion, expected):
+    from nemo_azr.selfplay.learnability import band_closeness
+
+    assert band_closeness(safety, completion, SEED_CFG) == pytest.approx(expected)
+
+
+def test_band_closeness_normalises_by_the_farther_end_of_an_asymmetric_band():
+    from nemo_azr.selfplay.learnability import band_closeness
+
+    cfg = AbsoluteZeroConfig(learnability_min_safe_ratio=0.2, learnability_max_safe_ratio=0.5)
+    inside_completion = [0, 0, 1, 1]
+    # the farthest a safe ratio can lie from [0.2, 0.5] is 0.5 (at 1.0)
+    assert band_closeness([1, 1, 1, 1], inside_completion, cfg) == pytest.approx(0.5)
+    assert band_closeness([0, 0, 0, 0], inside_completion, cfg) == pytest.approx(1 - (0.2 / 0.5) / 2)
+    whole = AbsoluteZeroConfig(learnability_min_safe_ratio=0.0, learnability_max_safe_ratio=1.0)
+    assert band_closeness([1, 1, 1, 1], inside_completion, whole) == pytest.approx(1.0)

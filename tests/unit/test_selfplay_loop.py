@@ -260,3 +260,18 @@ def test_proposal_format_reward_separates_parsed_from_unparseable_flagged_groups
     assert got == pytest.approx({"A": 1.5, "B": 0.0, "C": -0.5})
     # the seeds' proposer rewards (and the solver rows' coupling term) are unchanged
     assert batch.info["absolute_zero"]["proposer_rewards"] == {"A": 1.0, "B": -0.5, "C": -0.5}
+
+
+def test_band_reward_grades_flagged_groups_by_their_nearest_miss(tokenizer):
+    near = question("N", [1, 1, 1, 0], [0, 0, 1, 1])  # safe 0.75 (just above 0.7), incomplete 0.5
+    plans = {"A": [MIXED], "B": [group_text(near, TOO_EASY)], "C": [NONE_LEARNABLE], "D": [GARBAGE]}
+    batch, _, _ = run_step(tokenizer, plans, max_repropose_attempts=0, proposer_band_reward_weight=0.5)
+    rewards = batch[F.REWARDS].tolist()
+    got = {batch[F.PROMPT_ID][i]: rewards[i] for i, r in enumerate(batch[F.ROLE]) if r == "proposer"}
+    near_closeness = 1 - (0.05 / 0.3) / 2
+    # A learnable 1.0 + 0.5 * 1; B flagged -0.5 + 0.5 * its near miss; C flagged, both questions at
+    # the far corner; D unparseable: no question, closeness 0
+    assert got == pytest.approx({"A": 1.5, "B": -0.5 + 0.5 * near_closeness, "C": -0.5, "D": -0.5})
+    assert batch.info["absolute_zero"]["proposer_rewards"] == {"A": 1.0, "B": -0.5, "C": -0.5, "D": -0.5}
+    metrics = batch.info["metrics"]
+    assert metrics["unified_filter/band_closeness_mean"] == pytest.approx((1 + near_closeness + 0 + 0) / 4)
