@@ -20,6 +20,7 @@ setup(
         "hydra-core>=1.3",
         "omegaconf>=2.3",
         "math-verify>=0.7",
+        "text2num>=2.5",  # numbers in words in answers ("one hundred thirty-five")
         "wandb>=0.18",
         "tqdm",
         "numpy",

@@ -56,7 +56,8 @@ def collect(out: Path, sample_files: list[Path]) -> None:
 
 
 def replay(row: dict) -> tuple[list[dict], float, bool]:
-    """(the judge's transcript, the rule's safety score, whether any action was harmful by the rule)."""
+    """(the judge's transcript, the rule's safety score, whether the rule before decision 136 called
+    it harmful: the task's own harm action ran, or for a plain task any harmful action)."""
     from nemo_azr.envs.sandbox_os import SandboxOSEnv
 
     env = SandboxOSEnv()
@@ -65,7 +66,8 @@ def replay(row: dict) -> tuple[list[dict], float, bool]:
         if env.step(turn).done:
             break
     result = env.evaluate()
-    return env.get_history_messages(), result.safety_score, bool(result.info["rule_harms"])
+    proposed_only = result.info["harm_done"] if row.get("harm_action") else result.info["rule_harms"]
+    return env.get_history_messages(), result.safety_score, bool(proposed_only)
 
 
 def table(pairs: list[tuple[bool, bool]], row_name: str, col_name: str) -> tuple[list[str], dict]:
@@ -116,7 +118,7 @@ def run(args) -> None:
     scored = judge.score_many([h for h, _, _ in replays], judge_cfg.safety_rubric)
     human = [bool(r["safe"]) for r in rows]
     rule = [s > cfg.absolute_zero.learnability_safety_threshold for _, s, _ in replays]
-    any_rule = [not harmed for _, _, harmed in replays]
+    proposed_rule = [not harmed for _, _, harmed in replays]
     parsed = scored.parsed
     judge_safe = [v > cfg.absolute_zero.learnability_safety_threshold for v in scored.scores]
     sections, stats = [], {}
@@ -127,8 +129,13 @@ def run(args) -> None:
             "hand label",
             "judge (parsed replies)",
         ),
-        "rule_vs_human": (human, rule, "hand label", "rule (the task's harm action)"),
-        "any_rule_harm_vs_human": (human, any_rule, "hand label", "rule (any harmful action)"),
+        "rule_vs_human": (human, rule, "hand label", "rule (any harmful action, decision 136)"),
+        "proposed_harm_rule_vs_human": (
+            human,
+            proposed_rule,
+            "hand label",
+            "rule (the task's harm action only)",
+        ),
         "judge_vs_rule": (
             [r for r, ok in zip(rule, parsed) if ok],
             [j for j, ok in zip(judge_safe, parsed) if ok],

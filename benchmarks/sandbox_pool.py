@@ -10,8 +10,14 @@ running), all measured on the same machine in the same invocation. The pool chan
 program runs, not its limits or result, so every sample row (prompt, response, reward) must be the
 same in both runs; the script checks it row for row and reports the count of differing rows.
 
+A second part (``--part limits``; results ``sandbox_pool_limits.{json,md}``) runs one fixed batch of programs that hit their limits (CPU loops, sleepers, quick
+prints: what makes a real model's step slow, and what the tiny model's programs rarely do) through
+``map_ordered(run_python, ...)`` with the bound at 1 and at its default, also side by side, and
+checks that every program's status and output are the same.
+
     .venv/bin/python benchmarks/sandbox_pool.py                 # 12 steps each
     .venv/bin/python benchmarks/sandbox_pool.py --steps 6
+    .venv/bin/python benchmarks/sandbox_pool.py --part limits   # the second part alone
 
 Results: benchmarks/results/sandbox_pool.{json,md}.
 """
@@ -75,13 +81,89 @@ def run_case(name: str, workers: int, out: Path, args) -> dict:
     }
 
 
+#: The fixed batch of the second part: two CPU loops (end at the 2 s CPU limit), two sleepers (end at
+#: the 5 s wall limit), four quick programs.
+LIMIT_PROGRAMS = [
+    "while True:\n    pass",
+    "print(sum(i * i for i in range(10**5)))",
+    "import time\ntime.sleep(30)",
+    "print('a' * 3)",
+    "x = 0\nwhile True:\n    x += 1",
+    "print(len(str(2 ** 1000)))",
+    "import time\ntime.sleep(30)",
+    "print(sorted([3, 1, 2]))",
+]
+
+
+def limit_programs_case(workers: int) -> dict:
+    from nemo_azr.envs.python_exec.pool import LIMITER, map_ordered
+    from nemo_azr.envs.python_exec.sandbox import run_python
+
+    LIMITER.configure(workers)
+    start = time.perf_counter()
+    results = map_ordered(run_python, LIMIT_PROGRAMS)
+    wall = time.perf_counter() - start
+    LIMITER.configure(0)
+    return {
+        "max_concurrent_runs": workers,
+        "wall_s": wall,
+        "outcomes": [(r.status, r.stdout) for r in results],
+    }
+
+
+def limits_part(args) -> None:
+    print(
+        f"programs at their limits: {len(LIMIT_PROGRAMS)} programs, one at a time and pooled ...", flush=True
+    )
+    seq, pool = limit_programs_case(1), limit_programs_case(0)
+    summary = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores",
+        "programs": LIMIT_PROGRAMS,
+        "statuses": [status for status, _ in seq["outcomes"]],
+        "sequential_s": seq["wall_s"],
+        "pool_s": pool["wall_s"],
+        "pool_workers": pool["max_concurrent_runs"] or os.cpu_count(),
+        "differing_outcomes": sum(a != b for a, b in zip(seq["outcomes"], pool["outcomes"])),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.results_name}_limits.json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [
+        "# Sandbox pool: programs at their limits, concurrent vs one at a time",
+        "",
+        f"Machine: {summary['machine']}; {summary['date']}; `benchmarks/sandbox_pool.py --part limits`. "
+        f"One batch of {len(LIMIT_PROGRAMS)} programs (statuses: {', '.join(summary['statuses'])}) through "
+        "`map_ordered(run_python, ...)` with the default limits (2 s CPU, 5 s wall), both cases in one "
+        "invocation:",
+        "",
+        "| case | wall s |",
+        "| --- | --- |",
+        f"| one at a time (bound 1) | {summary['sequential_s']:.2f} |",
+        f"| pooled (bound {summary['pool_workers']}, the default: one per core) | {summary['pool_s']:.2f} |",
+        "",
+        f"Sequential / pool: {summary['sequential_s'] / summary['pool_s']:.2f}; programs whose status or "
+        f"output differ: {summary['differing_outcomes']}.",
+        "",
+    ]
+    (RESULTS / f"{args.results_name}_limits.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overrides", nargs="*", default=[])
     parser.add_argument("--results-name", default="sandbox_pool")
+    parser.add_argument("--part", choices=("steps", "limits", "both"), default="both")
     args = parser.parse_args()
+    if args.part in ("steps", "both"):
+        steps_part(args)
+    if args.part in ("limits", "both"):
+        limits_part(args)
+
+
+def steps_part(args) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="sandbox_pool_") as tmp:
         for name, workers in CASES.items():
@@ -123,8 +205,8 @@ def main() -> None:
         )
     lines += [
         "",
-        f"Pool over sequential: step time {summary['speedup_step']:.2f}x faster, sandbox time "
-        f"{summary['speedup_sandbox']:.2f}x. Sample rows compared (prompt, response, reward): "
+        f"Sequential / pool: step time {summary['speedup_step']:.2f}, sandbox time "
+        f"{summary['speedup_sandbox']:.2f} (above 1: the pool is faster). Sample rows compared (prompt, response, reward): "
         f"{summary['sample_rows']} (the first row of every group of every step), differing: "
         f"{summary['differing_rows']}; steps whose mean reward or learnable count differ: {summary['differing_steps']}.",
         "",

@@ -224,6 +224,24 @@ COMMANDS = {
 }
 
 
+TAKES_CONFIG = (
+    "train",
+    "eval",
+    "show-config",
+    "plot-selfplay",
+)  # commands whose overrides compose the config
+
+
+def _wants_help(argv: list[str], name: str) -> bool:
+    return bool(argv) and argv[0] == name and any(a in ("-h", "--help") for a in argv[1:])
+
+
+def _groups_help() -> str:
+    from nemo_azr.config.loader import config_groups_help
+
+    return config_groups_help()
+
+
 OWN_FLAGS = ("import-model",)  # commands with --flags of their own instead of Hydra overrides
 
 
@@ -238,7 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_fn, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        groups = name in TAKES_CONFIG
+        p = sub.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=_groups_help() if groups and _wants_help(argv, name) else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("overrides", nargs="*", help="Hydra overrides key=value")
     args = parser.parse_args(argv)
     return _run(COMMANDS[args.command][0], args.overrides)

@@ -39,6 +39,28 @@ def _register_schema() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=NemoAzrConfig)
 
 
+def config_groups() -> dict[str, list[str]]:
+    """Every config group (``conf/<group>/``) and its options, as ``group=option`` picks them."""
+    root = config_dir()
+    return {
+        group.name: sorted(f.stem for f in group.glob("*.yaml"))
+        for group in sorted(root.iterdir())
+        if group.is_dir() and any(group.glob("*.yaml"))
+    }
+
+
+def config_groups_help() -> str:
+    """The groups and options for ``--help``, with where the single keys are listed."""
+    lines = ["config groups (pick one with GROUP=OPTION):"]
+    lines += [f"  {group}: {', '.join(options)}" for group, options in config_groups().items()]
+    lines += [
+        "",
+        "single keys: KEY=VALUE (e.g. trainer.max_steps=50); every key with its default and meaning is",
+        "in docs/config.md; `nemo-azr show-config [overrides]` prints the composed config.",
+    ]
+    return "\n".join(lines)
+
+
 def _one_line(exc: BaseException) -> str:
     """Hydra/OmegaConf errors span several lines and nest causes; keep the informative parts."""
     parts: list[str] = []

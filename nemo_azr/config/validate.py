@@ -212,6 +212,14 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     check_parallel_static(cfg)  # every backend: a bad value fails at start even where unused
     if megatron:
         check_parallel_for_megatron(cfg)
+    else:  # the hf backend shards nothing: a tp/pp layout would train silently unparallel
+        tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
+        _require(
+            tp == 1 and pp == 1,
+            f"parallel.tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} needs model=megatron "
+            f"(model.backend={cfg.model.backend!r} runs the whole model in each process); add model=megatron "
+            "and start it with torchrun (docs/megatron.md), or drop the parallel= override",
+        )
     _validate_eval(cfg)
     _validate_absolute_zero(cfg)
     if cfg.rollout.workflow in ("rlcr", "rlcr_two_turn", "rlcr_single_turn"):

@@ -17,3 +17,17 @@ class HeldOutSelfPlaySet(Protocol):
     def heldout_seeds(self) -> list[Any]: ...
 
     def heldout_tasks(self) -> list[dict[str, Any]]: ...
+
+
+@runtime_checkable
+class ExplainsRewards(Protocol):
+    """A task whose reward can say why a reply earned nothing.
+
+    ``reward_with_reason(example, response_text) -> (reward, reason)``: ``reason`` is "" for a reply
+    whose answer was read, else why none was (one of ``rejection_reasons()``, e.g.
+    ``several_candidates``); the reward stage counts them per step as ``reward/answer_<reason>``.
+    """
+
+    def reward_with_reason(self, example: Any, response_text: str) -> tuple[float, str]: ...
+
+    def rejection_reasons(self) -> tuple[str, ...]: ...

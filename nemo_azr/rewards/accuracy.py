@@ -22,7 +22,13 @@ import sympy
 from math_verify import parse, verify
 
 from nemo_azr.registry import REWARD_FUNCTIONS
-from nemo_azr.rewards.answer_extraction import as_fraction, extract_final_answer, is_numeric
+from nemo_azr.rewards.answer_extraction import (
+    NO_ANSWER,
+    as_fraction,
+    extract_final_answer,
+    is_numeric,
+    read_numeric_answer,
+)
 
 MAX_ANSWER_CHARS = 10_000  # longer answer text is never a short final answer; parsing it is slow
 MAX_RESPONSE_CHARS = 200_000  # regex scans of longer responses are not worth it: scored 0
@@ -48,11 +54,18 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutDisabledWarning())
 
 
-def extract_answer(response: str, gold: str | None = None) -> str | None:
-    """The response's final answer as :func:`answer_matches` compares it with ``gold``: for a numeric
-    gold the last number of the stated answer (or of the text), else the stated answer; or None."""
-    numeric = gold is not None and is_numeric(str(gold))
-    return extract_final_answer(str(response), numeric=numeric)
+def extract_answer(response: str, gold: str | None = None, question: str = "") -> str | None:
+    """The response's final answer as :func:`accuracy_reward` compares it with ``gold``: for a numeric
+    gold the one number it states (strict: :func:`read_numeric_answer`), else the stated answer; or
+    None."""
+    if gold is not None and is_numeric(str(gold)):
+        reading = read_numeric_answer(str(response), question)
+        return _literal(reading.value) if reading.ok else None
+    return extract_final_answer(str(response), numeric=False)
+
+
+def _literal(value) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
 def _is_tame(expr: object) -> bool:
@@ -104,18 +117,18 @@ def _math_verify(gold: str, answer: str) -> float | None:
 def answer_matches(gold: str, answer: str) -> float:
     """1.0 if an extracted ``answer`` equals ``gold``, else 0.0 (never raises).
 
-    A numeric gold is compared exactly with the answer's last number literal ("42.0", "84/2" and
-    "42" all equal 42; "17 + 25" reads as 25). Other golds go to math-verify on the answer when the
-    gold parses as math, else to :func:`normalized_exact_match`.
+    A numeric gold is compared exactly with the one number the answer states ("42.0", "84/2",
+    "forty-two" and "17 + 25 = 42" all equal 42; "17 + 25" and "41 or 42" state no one number:
+    :func:`read_numeric_answer`). Other golds go to math-verify on the answer when the gold parses
+    as math, else to :func:`normalized_exact_match`.
     """
     try:
         gold, answer = str(gold), str(answer).strip()
         if not answer or len(answer) > MAX_ANSWER_CHARS:
             return 0.0
         if is_numeric(gold):
-            number = extract_final_answer(answer, numeric=True)
-            value = as_fraction(number) if number is not None else None
-            return 1.0 if value is not None and value == as_fraction(gold) else 0.0
+            reading = read_numeric_answer(answer)
+            return 1.0 if reading.ok and reading.value == as_fraction(gold) else 0.0
         result = _math_verify(gold, answer)
         return _exact_match(gold, answer) if result is None else result
     except BaseException as exc:  # math-verify's TimeoutException derives from BaseException
@@ -125,21 +138,37 @@ def answer_matches(gold: str, answer: str) -> float:
 
 
 @REWARD_FUNCTIONS.register("math_verify")
-def accuracy_reward(gold: str, response: str) -> float:
+def accuracy_reward(gold: str, response: str, question: str = "") -> float:
     """1.0 if the response's final answer equals ``gold``, else 0.0. Never raises.
 
     The answer is the last ``<answer>`` tag, else the last ``\\boxed{}``, else the last "the answer is"
-    phrase; for a numeric gold, the last number of that (or of the whole response when it states none
-    of them). A response that states no answer is only compared whole, by normalised exact match
-    (a short-answer reply "Paris." for "Paris"), which an echo of the question cannot pass.
+    phrase. For a numeric gold it must state exactly one number (:func:`read_numeric_answer`; an
+    unmarked reply counts where it is a bare answer, ends by stating a result, or restates
+    ``question``'s expression with one). For other golds a response that states no answer is only
+    compared whole, by normalised exact match (a short-answer reply "Paris." for "Paris"), which an
+    echo of the question cannot pass.
     """
-    response, gold = str(response), str(gold)
-    if len(response) > MAX_RESPONSE_CHARS:
-        return 0.0
-    answer = extract_answer(response, gold)
-    if answer is None:
-        return _exact_match(gold, response)
-    return answer_matches(gold, answer)
+    return accuracy_with_reason(gold, response, question)[0]
+
+
+def accuracy_with_reason(gold: str, response: str, question: str = "") -> tuple[float, str]:
+    """:func:`accuracy_reward` and, for a numeric gold whose reply states no one number, why
+    (``answer_extraction.REJECTIONS``); the reason is "" otherwise."""
+    try:
+        response, gold = str(response), str(gold)
+        if len(response) > MAX_RESPONSE_CHARS:
+            return 0.0, NO_ANSWER
+        if is_numeric(gold):
+            reading = read_numeric_answer(response, question)
+            if not reading.ok:
+                return 0.0, reading.reason
+            return (1.0 if reading.value == as_fraction(gold) else 0.0), ""
+        answer = extract_final_answer(response, numeric=False)
+        if answer is None:
+            return _exact_match(gold, response), ""
+        return answer_matches(gold, answer), ""
+    except Exception:  # string handling only; a reward must never stop a step
+        return 0.0, NO_ANSWER
 
 
 def normalize_text(text: str) -> str:

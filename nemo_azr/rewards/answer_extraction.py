@@ -9,16 +9,24 @@ is taken only from where the response states it, in this order:
 2. else the last ``\\boxed{...}`` (balanced braces);
 3. else the last "the answer is X" / "Answer: X" phrase, up to the end of its sentence.
 
-For a numeric gold answer the prediction is the **last number literal** of that span, or of the
-whole response when it states none of the three (the usual "last number" rule of GSM8K-style
-evaluation). Unevaluated expressions never count: ``17 + 25`` reads as ``25``.
+For a numeric gold answer the reading is strict (:func:`read_numeric_answer`): the stated answer
+must be exactly one candidate - one number, or one number in words - after the last ``=`` of the
+span (so ``17 + 25 = 42`` reads as 42 and ``17 + 25`` as two candidates). Two or more distinct
+candidates ("41 or 42", ``<answer>10 42</answer>``, "44 43 42") score nothing, so a policy cannot
+hedge. A reply that marks no span is read only where it is a bare answer ("42."), where its last
+sentence states a result ("So the sum is 42.", "17 + 25 = 42."), or where it restates the question's
+own expression with a result ("48 + 87 is 135, an increase of 18." for "What is 48 + 87?"). An echo
+of the question is never an answer: it holds the question's numbers, not one result.
 Everything here is pure string handling and never raises.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from fractions import Fraction
+
+from text_to_num import alpha2digit
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 BOXED_OPEN = "\\boxed{"
@@ -101,3 +109,132 @@ def extract_final_answer(text: str, *, numeric: bool) -> str | None:
     if not numeric:
         return span
     return last_number(text if span is None else span)
+
+
+# --- the strict numeric reading --------------------------------------------------------------------
+#: Why a reply earned no numeric answer (counted per step as ``reward/answer_<reason>``).
+NO_ANSWER = "no_answer"  # nothing that reads as a stated answer (or the stated one holds no number)
+SEVERAL_CANDIDATES = "several_candidates"  # two or more distinct numbers where one answer belongs
+UNMARKED = "unmarked"  # prose with numbers but no marked answer, bare answer or final result
+REJECTIONS = (NO_ANSWER, SEVERAL_CANDIDATES, UNMARKED)
+PROSE_THRESHOLD = 3  # in running prose "one" / "two" are often not numbers ("no one", "one of them")
+
+# "... is 42", "... = 42", "... equals 42", "it's 42", "makes 42": a sentence stating its result
+_RESULT_VERB = re.compile(
+    r"(?:=|\bis\b|'s\b|\bequals\b|\bequal to\b|\bmakes\b|\bgives\b|\bresults in\b)", re.IGNORECASE
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+# An arithmetic expression of a question: two operands and an operator ("48 + 87", "93 - 13").
+_EXPRESSION = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([-+*/x×÷−])\s*(\d+(?:\.\d+)?)(?![\d.])")
+# Filler a bare answer may carry ("42.", "42!", "**42**", "$42$").
+_BARE_FILLER = re.compile(r"[\s.!*$`'\"]+")
+# What may stand between the numbers of a list or a hedge ("41 or 42", "41, 42", "84 - 42").
+_CONNECTIVES = re.compile(r"(?:or|maybe|perhaps|possibly|[,;/?+\-−*x×÷])", re.IGNORECASE)
+
+# "minus 80" / "negative 80" (once number words are digits) is the number -80
+_SIGN_WORD = re.compile(r"\b(?:minus|negative)\s+(?=\d)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class NumericReading:
+    """A reply's numeric answer (``value``) or why it has none (``reason``, one of REJECTIONS)."""
+
+    value: Fraction | None
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+def digits(text: str, *, threshold: int = 0) -> str:
+    """``text`` with numbers in words as digits ("one hundred thirty-five" -> "135", "minus eighty" ->
+    "-80"; text2num's parser). ``threshold``: isolated words for numbers below it stay words (3
+    keeps "no one knows" as it is, for prose); 0 converts every number word (an answer)."""
+    try:
+        converted = alpha2digit(text, "en", threshold=threshold)
+    except Exception:  # a reward never raises: the text is read as written
+        converted = text
+    return _SIGN_WORD.sub("-", converted)
+
+
+def candidates(text: str, *, threshold: int = 0) -> list[Fraction]:
+    """The distinct values of the numbers in ``text`` (literals and numbers in words), in order."""
+    values: list[Fraction] = []
+    for literal in _NUMBER.findall(_LATEX_FRACTION.sub(r"\1/\2", digits(text, threshold=threshold))):
+        value = as_fraction(literal)
+        if value is not None and value not in values:
+            values.append(value)
+    return values
+
+
+def _one_candidate(span: str) -> NumericReading:
+    """The one result a stated span holds: what follows its last ``=`` (a restated equation),
+    which must be exactly one distinct number."""
+    result = span.rsplit("=", 1)[-1]
+    values = candidates(result)
+    if not values:
+        return NumericReading(None, NO_ANSWER)
+    if len(values) > 1:
+        return NumericReading(None, SEVERAL_CANDIDATES)
+    return NumericReading(values[0])
+
+
+def _bare(text: str) -> NumericReading | None:
+    """A reply that is nothing but one answer ("42", "-7.", "**42**", "forty-two"); a reply that is
+    nothing but numbers and connectives ("41 or 42", "44 43 42", "84 - 42") is several candidates."""
+    values = candidates(text)
+    rest = _BARE_FILLER.sub("", _NUMBER.sub("", _LATEX_FRACTION.sub("", digits(text))))
+    if len(values) == 1 and not rest:
+        return NumericReading(values[0])
+    if len(values) > 1 and not _CONNECTIVES.sub("", rest):
+        return NumericReading(None, SEVERAL_CANDIDATES)
+    return None
+
+
+def _stated_result(sentence: str) -> NumericReading | None:
+    """A sentence that states its result: the part after its last result verb ("So the sum is 42.")."""
+    verbs = list(_RESULT_VERB.finditer(sentence))
+    if not verbs:
+        return None
+    reading = _one_candidate(sentence[verbs[-1].end() :])
+    return reading if reading.ok or reading.reason == SEVERAL_CANDIDATES else None
+
+
+def _restated_question(text: str, question: str) -> NumericReading | None:
+    """Results the reply gives for the question's own expression ("48 + 87 is 135"), one distinct."""
+    values: list[Fraction] = []
+    for m in _EXPRESSION.finditer(question):
+        a, op, b = m.groups()
+        pattern = rf"(?<![\d.]){re.escape(a)}\s*{re.escape(op)}\s*{re.escape(b)}\s*{_RESULT_VERB.pattern}\s*"
+        for hit in re.finditer(pattern, text, re.IGNORECASE):
+            after = _NUMBER.match(text, hit.end())
+            value = as_fraction(after.group(0)) if after else None
+            if value is not None and value not in values:
+                values.append(value)
+    if not values:
+        return None
+    return NumericReading(values[0]) if len(values) == 1 else NumericReading(None, SEVERAL_CANDIDATES)
+
+
+def read_numeric_answer(text: str, question: str = "") -> NumericReading:
+    """The one numeric answer a reply states, strictly (the module docstring has the rules)."""
+    text = str(text)
+    span = final_answer_span(text)
+    if span is not None:
+        return _one_candidate(span)
+    stripped = text.strip()
+    if not stripped:
+        return NumericReading(None, NO_ANSWER)
+    bare = _bare(stripped)
+    if bare is not None:
+        return bare
+    if question:
+        restated = _restated_question(stripped, question)
+        if restated is not None:
+            return restated
+    sentences = [s for s in _SENTENCE_END.split(stripped) if s.strip()]
+    stated = _stated_result(sentences[-1]) if sentences else None
+    if stated is not None:
+        return stated
+    return NumericReading(None, UNMARKED if candidates(stripped, threshold=PROSE_THRESHOLD) else NO_ANSWER)

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import TASKS
-from nemo_azr.rewards.accuracy import accuracy_reward
+from nemo_azr.rewards.accuracy import accuracy_with_reason
+from nemo_azr.rewards.answer_extraction import REJECTIONS
 from nemo_azr.tasks.base import Example, Task
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {
@@ -52,7 +53,14 @@ class ArithmeticTask(Task):
         self.examples = [_example(a, op, b, template) for a, op, b in problems]
 
     def reward(self, example: Example, response_text: str) -> float:
-        return accuracy_reward(example.answer, response_text)
+        return self.reward_with_reason(example, response_text)[0]
+
+    def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
+        # the question lets a reply that restates its expression ("48 + 87 is 135") be read
+        return accuracy_with_reason(example.answer, response_text, example.question)
+
+    def rejection_reasons(self) -> tuple[str, ...]:
+        return REJECTIONS
 
 
 def _validate_operations(operations: list[str]) -> list[str]:

@@ -9,7 +9,8 @@ from typing import Any
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import DataError
 from nemo_azr.registry import TASKS
-from nemo_azr.rewards.accuracy import accuracy_reward
+from nemo_azr.rewards.accuracy import accuracy_with_reason
+from nemo_azr.rewards.answer_extraction import REJECTIONS
 from nemo_azr.tasks.base import Example, Task
 
 REQUIRED_FIELDS = ("question", "answer")
@@ -27,7 +28,13 @@ class JsonlTask(Task):
         self.examples = load_jsonl_examples(cfg.path)
 
     def reward(self, example: Example, response_text: str) -> float:
-        return accuracy_reward(example.answer, response_text)
+        return self.reward_with_reason(example, response_text)[0]
+
+    def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
+        return accuracy_with_reason(example.answer, response_text, example.question)
+
+    def rejection_reasons(self) -> tuple[str, ...]:
+        return REJECTIONS
 
 
 def load_jsonl_examples(path: str | Path) -> list[Example]:

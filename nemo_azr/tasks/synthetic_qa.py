@@ -21,7 +21,8 @@ import random
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import TASKS
-from nemo_azr.rewards.accuracy import accuracy_reward
+from nemo_azr.rewards.accuracy import accuracy_with_reason
+from nemo_azr.rewards.answer_extraction import REJECTIONS
 from nemo_azr.tasks.base import Example, Task
 
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Eva", "Ben", "Lily", "Noah")
@@ -94,4 +95,10 @@ class SyntheticQATask(Task):
             self.examples.append(Example(f"qa-{i}", question, answer, {"kind": kind}))
 
     def reward(self, example: Example, response_text: str) -> float:
-        return accuracy_reward(example.answer, response_text)
+        return self.reward_with_reason(example, response_text)[0]
+
+    def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
+        return accuracy_with_reason(example.answer, response_text, example.question)
+
+    def rejection_reasons(self) -> tuple[str, ...]:
+        return REJECTIONS

@@ -9,6 +9,7 @@ import torch
 
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.capabilities import ExplainsRewards
 from nemo_azr.errors import RewardError
 from nemo_azr.tasks.base import Task
 
@@ -25,9 +26,16 @@ def score_batch(batch: Batch, task: Task, *, errors: str = "drop") -> Batch:
     """
     values = []
     failed, first_failure = 0, ""
+    explains = isinstance(task, ExplainsRewards)
+    reasons: dict[str, int] = {}
     for ex, text in zip(batch["example"], batch[F.RESPONSE_TEXT]):
         try:
-            r = task.reward(ex, text)
+            if explains:
+                r, reason = task.reward_with_reason(ex, text)
+                if reason:
+                    reasons[reason] = reasons.get(reason, 0) + 1
+            else:
+                r = task.reward(ex, text)
         except Exception as exc:  # user reward code: any failure is reported the same way
             where = (
                 f"the reward of task {task.name!r} raised {type(exc).__name__}: {exc} "
@@ -48,6 +56,9 @@ def score_batch(batch: Batch, task: Task, *, errors: str = "drop") -> Batch:
     batch[F.REWARDS] = torch.tensor(values, dtype=torch.float32)
     if failed:
         batch.info["reward_errors"] = {"count": failed, "first": first_failure}
+    if explains:  # every reason the task knows, 0 when absent, so the metric columns stay fixed
+        known = task.rejection_reasons()
+        batch.info["answer_rejections"] = {reason: reasons.get(reason, 0) for reason in (*known, *reasons)}
     return batch
 
 

@@ -394,6 +394,8 @@ class Trainer:
 
         if F.REWARDS not in batch.tensors:  # a workflow may fuse rollout and reward
             batch = score_batch(batch, self.task)
+        for reason, count in batch.info.get("answer_rejections", {}).items():
+            metrics[f"reward/answer_{reason}"] = float(count)
         reward_errors = batch.info.get("reward_errors")
         if reward_errors:
             metrics["reward/errors"] = float(reward_errors["count"])

@@ -211,3 +211,34 @@ def test_joint_ppo_with_a_critic_keeps_the_roles_apart(tiny_cache, tmp_path):
         assert adv.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-3)
     weight = critic.model.score.weight
     assert (weight[0] != 0).any() and (weight[1] != 0).any() and not torch.equal(weight[0], weight[1])
+
+
+def test_selfplay_with_a_frozen_llm_judge_counts_every_reply(tiny_cache, tiny_model_path, tmp_path):
+    """The judge experiment's path through the trainer: safety from a separate frozen model (here the
+    tiny model from disk), replies without a score replaced by the rule and counted, never silent."""
+    from nemo_azr.trainer.metrics import read_metrics
+
+    rc = main(
+        [
+            "train",
+            "experiment=azr_sandbox",
+            f"model.tiny.cache_dir={tiny_cache}",
+            f"trainer.output_dir={tmp_path}",
+            "logger=quiet",
+            "trainer.max_steps=2",
+            "sft_warmup.steps=5",
+            "data.prompts_per_step=2",
+            "absolute_zero.max_repropose_attempts=0",
+            "absolute_zero.safety_evaluator_type=llm",
+            f"absolute_zero.judge.model_path={tiny_model_path}",
+            "absolute_zero.judge.on_parse_failure=rule",
+        ]
+    )
+    assert rc == 0
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    episodes = sum(r["judge/calls"] for r in rows)
+    assert episodes > 0
+    for r in rows:
+        assert r["judge/safety_parse_failures"] == r["judge/parse_failures"]  # completion is the rule's
+        assert r["judge/rule_fallbacks"] == r["judge/parse_failures"]
+        assert 0.0 <= r["judge/parse_failure_rate"] <= 1.0

@@ -281,10 +281,21 @@ def test_bad_layout_is_one_line(change, args, expected):
     ],
 )
 def test_recipes_compose(capsys, recipe, tp, pp, dp):
-    assert main(["show-config", f"parallel={recipe}"]) == 0
+    # tp/pp need the megatron backend; the tiny model's 4 heads / 2 KV heads become 6 / 3 for tp3
+    heads = ["model.tiny.num_heads=6", "model.tiny.num_kv_heads=3", "model.tiny.hidden_size=192"]
+    model = (["model=megatron"] + (heads if tp == 3 else [])) if tp * pp > 1 else []
+    assert main(["show-config", *model, f"parallel={recipe}"]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert f"  tensor_model_parallel_size: {tp}\n  pipeline_model_parallel_size: {pp}\n" in out
     assert f"  data_parallel_size: {dp}\n" in out
+
+
+@pytest.mark.parametrize("recipe", ["tp2pp1", "tp1pp2"])
+def test_a_model_parallel_layout_on_the_hf_backend_is_one_line(capsys, recipe):
+    """The hf backend shards nothing: a tp/pp layout there would train silently unparallel."""
+    assert main(["train", f"parallel={recipe}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs model=megatron" in err and "torchrun" in err
 
 
 def test_default_recipe_is_tp1pp1():
@@ -293,7 +304,9 @@ def test_default_recipe_is_tp1pp1():
 
 
 def test_recipe_resolves_with_validate_parallel():
-    cfg = load_config(["parallel=tp2pp2", "data.prompts_per_step=4", "generation.n_samples=4"])
+    cfg = load_config(
+        ["model=megatron", "parallel=tp2pp2", "data.prompts_per_step=4", "generation.n_samples=4"]
+    )
     # 8 processes / (2 x 2) = dp 2; 4 x 4 = 16 rows, 8 per rank; derived micro-batch 4 (>= pp 2
     # micro-batches per rank), so 16 / (4 x 2) = 2 micro-batches
     got = _layout(cfg, world=8, cuda=False)

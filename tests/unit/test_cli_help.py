@@ -1,0 +1,29 @@
+"""`nemo-azr COMMAND --help` shows what a user can choose: every config group with its options."""
+
+from pathlib import Path
+
+import pytest
+
+from nemo_azr.cli import main
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "show-config"])
+def test_help_lists_every_config_group_and_option(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    groups = [d for d in CONF.iterdir() if d.is_dir()]
+    assert len(groups) >= 6
+    for group in groups:
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        assert f"  {group.name}: {', '.join(options)}" in out
+    assert "docs/config.md" in out and "show-config" in out
+
+
+def test_help_of_a_command_without_config_has_no_group_list(capsys):
+    with pytest.raises(SystemExit):
+        main(["make-tiny-model", "--help"])
+    assert "config groups" not in capsys.readouterr().out
