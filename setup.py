@@ -7,7 +7,7 @@ setup(
     packages=find_packages(include=["nemo_azr", "nemo_azr.*", "launcher", "launcher.*"]),
     include_package_data=True,
     package_data={
-        "nemo_azr": ["conf/**/*.yaml", "conf/*.yaml", "envs/sandbox_os/data/*.jsonl"],
+        "nemo_azr": ["conf/**/*.yaml", "conf/*.yaml", "envs/sandbox_os/data/*.jsonl", "tasks/data/*.json"],
         "launcher": ["templates/*.tmpl", "templates/local-cluster/*.sh"],  # launcher/templates -> ../slurm
     },
     python_requires=">=3.10",

@@ -122,6 +122,15 @@ def _eval(overrides: list[str]) -> int:
         for k in keys
         if k in result
     )
+    if "by_kind" in result and "accuracy" in result:
+        summary += " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in result["by_kind"].items()) + ")"
+    rephrased = result.get("rephrased")
+    if rephrased and rephrased.get("accuracy") is not None:
+        summary += f"; rephrased accuracy={rephrased['accuracy']:.4g}"
+        if "by_kind" in rephrased:
+            summary += (
+                " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in rephrased["by_kind"].items()) + ")"
+            )
     print(
         f"eval of {result['checkpoint']} on {result['num_prompts']} prompts: {summary}; written to {result['output_dir']}"
     )

@@ -143,9 +143,21 @@ def example_kind(example: Any) -> str | None:
     return None if kind is None else str(kind)
 
 
-def write_results(out: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in result.items()}
-    (out / METRICS_FILE).write_text(json.dumps(clean, indent=1) + "\n")
-    with open(out / SAMPLES_FILE, "w") as fh:
+def _finite(value: Any) -> Any:
+    """NaN/inf as null (JSON has neither), also inside nested blocks (``by_kind``, ``rephrased``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def write_records(path: Path, records: list[dict[str, Any]]) -> None:
+    with open(path, "w") as fh:
         for record in records:
             fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def write_results(out: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
+    (out / METRICS_FILE).write_text(json.dumps(_finite(result), indent=1) + "\n")
+    write_records(out / SAMPLES_FILE, records)

@@ -32,8 +32,11 @@ from nemo_azr.eval_io import (  # noqa: F401  (re-exported: the eval API of earl
     load_eval_model,
     resolve_eval_model,
     sample_records,
+    write_records,
     write_results,
 )
+
+REPHRASED_SAMPLES_FILE = "samples_rephrased.jsonl"
 
 EVAL_SEED_SALT = 104729
 ACCURACY_WORKFLOWS = ("single_turn",)
@@ -80,24 +83,26 @@ class EvalRun:
             examples = [examples[i] for i in keep]
         return examples
 
-    def batches(self) -> Iterator[Batch]:
-        """The workflow's scored batches over the examples, ``eval.prompts_per_batch`` at a time."""
+    def batches(self, examples: list | None = None, label: str = "eval") -> Iterator[Batch]:
+        """The workflow's scored batches over ``examples`` (default: the held-out examples),
+        ``eval.prompts_per_batch`` at a time."""
         from nemo_azr.trainer.rewards import score_batch
         from nemo_azr.trainer.seeding import seed_everything, step_seed
 
+        examples = self.examples if examples is None else examples
         per_batch = self.cfg.eval.prompts_per_batch
-        total = len(self.examples)
+        total = len(examples)
         for index, start in enumerate(range(0, total, per_batch)):
             seed_everything(step_seed(self.cfg.seed, index, salt=EVAL_SEED_SALT))
             begin = time.perf_counter()
             batch = self.workflow.run(
-                self.examples[start : start + per_batch], self.backend, self.sampling, step=index
+                examples[start : start + per_batch], self.backend, self.sampling, step=index
             )
             self.seconds += time.perf_counter() - begin
             self.generated_tokens += int(batch[F.LOSS_MASK].sum()) if len(batch) else 0
             if F.REWARDS not in batch.tensors:
                 batch = score_batch(batch, self.task, errors="raise")
-            print(f"eval: {min(start + per_batch, total)}/{total} prompts", flush=True)
+            print(f"{label}: {min(start + per_batch, total)}/{total} prompts", flush=True)
             yield batch
 
     def summary(self) -> dict[str, Any]:
@@ -116,20 +121,45 @@ class EvalRun:
         return eval_output_dir(self.cfg)
 
 
+def accuracy_block(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy, truncation and (where the task records kinds) accuracy per kind of some records."""
+    rewards = [r["reward"] for r in records]
+    block: dict[str, Any] = {
+        "num_responses": len(records),
+        "accuracy": sum(rewards) / len(rewards) if rewards else math.nan,
+        "truncated_frac": sum(r["finish_reason"] == "length" for r in records) / len(records)
+        if records
+        else math.nan,
+    }
+    kinds = sorted({r["kind"] for r in records if "kind" in r})
+    if kinds:
+        block["by_kind"] = {
+            kind: {
+                "n": len(rows := [r["reward"] for r in records if r.get("kind") == kind]),
+                "accuracy": sum(rows) / len(rows),
+            }
+            for kind in kinds
+        }
+    return block
+
+
 def run_accuracy_eval(run: EvalRun) -> dict[str, Any]:
-    """Accuracy of a single-turn workflow: the mean of the task's 0/1 reward over the responses."""
+    """Accuracy of a single-turn workflow: the mean of the task's 0/1 reward over the responses, per
+    kind where the task has kinds, and on the task's held-out phrasings where it has them."""
+    from nemo_azr.contracts.capabilities import RephrasedEvalSet
+
     records: list[dict[str, Any]] = []
     for batch in run.batches():
         records.extend(sample_records(batch))
-    rewards = [r["reward"] for r in records]
-    lengths_capped = sum(r["finish_reason"] == "length" for r in records)
-    result = {
-        **run.summary(),
-        "num_responses": len(records),
-        "accuracy": sum(rewards) / len(rewards) if rewards else math.nan,
-        "truncated_frac": lengths_capped / len(records) if records else math.nan,
-    }
+    result = {**run.summary(), **accuracy_block(records)}
     out = run.output_dir()
+    if run.cfg.eval.rephrased and isinstance(run.task, RephrasedEvalSet):
+        rephrased = run.task.rephrased(run.examples)
+        rephrased_records: list[dict[str, Any]] = []
+        for batch in run.batches(rephrased, label="eval (rephrased)"):
+            rephrased_records.extend(sample_records(batch))
+        result["rephrased"] = accuracy_block(rephrased_records)
+        write_records(out / REPHRASED_SAMPLES_FILE, rephrased_records)
     write_results(out, result, records)
     result["output_dir"] = str(out)
     return result

@@ -361,6 +361,9 @@ class EvalConfig:
     # self-play (azr) only: sampled proposals per held-out seed for the proposer's parse rate and
     # first-pass learnable ratio (each parsed question solved generation.n_samples times); 0 skips it
     selfplay_proposals_per_seed: int = 1
+    # single-turn tasks with held-out phrasings (arithmetic): also score the held-out problems asked
+    # in those phrasings (metrics.json "rephrased", samples_rephrased.jsonl)
+    rephrased: bool = True
 
 
 @dataclass

@@ -31,3 +31,15 @@ class ExplainsRewards(Protocol):
     def reward_with_reason(self, example: Any, response_text: str) -> tuple[float, str]: ...
 
     def rejection_reasons(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
+class RephrasedEvalSet(Protocol):
+    """A task that can re-ask its held-out questions in phrasings never used in training
+    (``nemo-azr eval`` scores both: does what was learned survive a rephrasing?).
+
+    ``rephrased(examples)``: the same problems and gold answers in other words, each with
+    ``meta["template"]`` naming its phrasing.
+    """
+
+    def rephrased(self, examples: list[Any]) -> list[Any]: ...

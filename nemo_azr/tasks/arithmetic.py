@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
 
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import ConfigError
@@ -19,7 +22,16 @@ OPERATIONS: dict[str, Callable[[int, int], int]] = {
     "-": operator.sub,
     "*": operator.mul,
 }
+KINDS = {"+": "addition", "-": "subtraction", "*": "multiplication"}  # Example.meta["kind"]: per-kind eval
 DEFAULT_SUBSET_SEED = 0  # DataConfig has no seed; the subset only has to be the same every run
+REPHRASINGS = Path(__file__).with_name("data") / "arithmetic_rephrasings.json"
+
+
+@cache
+def rephrasing_templates() -> dict[str, list[str]]:
+    """The held-out phrasings per operation (committed data; never used in training)."""
+    data = json.loads(REPHRASINGS.read_text())
+    return {op: list(data[op]) for op in OPERATIONS}
 
 
 @TASKS.register("arithmetic")
@@ -62,6 +74,19 @@ class ArithmeticTask(Task):
     def rejection_reasons(self) -> tuple[str, ...]:
         return REJECTIONS
 
+    def rephrased(self, examples: Sequence[Example]) -> list[Example]:
+        """``examples`` asked in the held-out phrasings: example ``i`` of an operation in its
+        ``i``-th template (cycling), so every template is used and the set is the same every run."""
+        templates = rephrasing_templates()
+        out, seen = [], dict.fromkeys(OPERATIONS, 0)
+        for ex in examples:
+            a, op, b = ex.meta["a"], ex.meta["op"], ex.meta["b"]
+            k = seen[op] % len(templates[op])
+            seen[op] += 1
+            meta = {**ex.meta, "template": k}
+            out.append(Example(f"{ex.prompt_id}-r{k}", templates[op][k].format(a=a, b=b), ex.answer, meta))
+        return out
+
 
 def _validate_operations(operations: list[str]) -> list[str]:
     if not operations:
@@ -93,5 +118,5 @@ def _example(a: int, op: str, b: int, template: str) -> Example:
         prompt_id=f"arith-{a}{op}{b}",
         question=template.format(a=a, op=op, b=b),
         answer=str(result),
-        meta={"a": a, "op": op, "b": b},
+        meta={"a": a, "op": op, "b": b, "kind": KINDS[op]},
     )

@@ -107,8 +107,37 @@ def test_eval_scores_accuracy_of_a_single_turn_run_on_the_held_out_split(tiny_ca
     from nemo_azr.rewards.accuracy import accuracy_reward
 
     assert metrics["accuracy"] == pytest.approx(
-        sum(accuracy_reward(s["gold"], s["response"]) for s in samples) / 6
+        sum(accuracy_reward(s["gold"], s["response"], s["question"]) for s in samples) / 6
     )
+    # per operation: the kinds partition the prompts and their accuracies average back
+    by_kind = metrics["by_kind"]
+    assert set(by_kind) <= {"addition", "subtraction", "multiplication"}
+    assert sum(k["n"] for k in by_kind.values()) == 6
+    assert sum(k["n"] * k["accuracy"] for k in by_kind.values()) / 6 == pytest.approx(metrics["accuracy"])
+    # the same problems in held-out phrasings (committed templates, never the training one)
+    from nemo_azr.tasks.arithmetic import rephrasing_templates
+
+    rephrased = [
+        json.loads(line) for line in (tmp_path / "eval" / "samples_rephrased.jsonl").read_text().splitlines()
+    ]
+    assert metrics["rephrased"]["num_responses"] == len(rephrased) == 6
+    assert sorted(r["gold"] for r in rephrased) == sorted(s["gold"] for s in samples)
+    all_templates = [t for ts in rephrasing_templates().values() for t in ts]
+    training_question = {s["prompt_id"]: s["question"] for s in samples}
+    for r in rephrased:
+        assert r["question"] != training_question[r["prompt_id"].rsplit("-r", 1)[0]]
+        assert any(r["question"] == t.format(a=a, b=b) for t in all_templates for a, b in _operands(r))
+    assert metrics["rephrased"]["accuracy"] == pytest.approx(
+        sum(accuracy_reward(r["gold"], r["response"], r["question"]) for r in rephrased) / 6
+    )
+
+
+def _operands(record):
+    """(a, b) of an arithmetic prompt id ``arith-{a}{op}{b}-r{k}``."""
+    import re
+
+    a, b = re.match(r"arith-(\d+)[-+*](\d+)", record["prompt_id"]).groups()
+    return [(int(a), int(b))]
 
 
 def test_eval_of_self_play_without_a_held_out_set_is_a_clear_error(tiny_cache, tmp_path, capsys):
