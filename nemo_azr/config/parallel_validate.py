@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from nemo_azr.config.batch_shape import rows_per_step
 from nemo_azr.config.schema import NemoAzrConfig, ParallelConfig
 from nemo_azr.errors import ConfigError
 
@@ -289,9 +290,7 @@ def _global_batch(cfg: NemoAzrConfig, per_micro_step: int) -> tuple[int, str]:
         return alg.mini_batch_size, f"algorithm.mini_batch_size={alg.mini_batch_size} (the global batch)"
     if cfg.rollout.workflow == "azr":  # self-play batches vary; the backend splits each as it comes
         return per_micro_step, f"{_GBS} (derived: one micro-batch per rank, {per_micro_step})"
-    from nemo_azr.config.validate import _rows_per_step
-
-    rows, desc = _rows_per_step(cfg)
+    rows, desc = rows_per_step(cfg)
     return rows, f"the rows per step ({desc} = {rows}, the global batch)"
 
 
@@ -307,7 +306,5 @@ def _check_batch_rows(cfg: NemoAzrConfig) -> None:
     )
     if cfg.rollout.workflow == "azr":  # self-play batches vary in size
         return
-    from nemo_azr.config.validate import _rows_per_step
-
-    rows, desc = _rows_per_step(cfg)
+    rows, desc = rows_per_step(cfg)
     _require(rows % gbs == 0, f"{_GBS}={gbs} must divide the rows per step ({desc} = {rows})")

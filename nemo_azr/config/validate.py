@@ -10,6 +10,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+from nemo_azr.config.batch_shape import rows_per_step
 from nemo_azr.config.parallel_validate import (
     MEGATRON_MISSING,
     check_parallel_for_megatron,
@@ -162,7 +163,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     if cfg.data.task == "jsonl":
         _require(bool(cfg.data.path), "data.task=jsonl needs data.path=/path/to/file.jsonl")
         _require(Path(cfg.data.path).is_file(), f"data.path={cfg.data.path!r}: no such file")
-    rows, rows_desc = _rows_per_step(cfg)
+    rows, rows_desc = rows_per_step(cfg)
     _require(alg.ppo_epochs >= 1, f"algorithm.ppo_epochs must be >= 1, got {alg.ppo_epochs}")
     _require(
         alg.micro_batch_size >= 1, f"algorithm.micro_batch_size must be >= 1, got {alg.micro_batch_size}"
@@ -372,18 +373,6 @@ def _validate_dapo(cfg: NemoAzrConfig) -> None:
     )
     if alg.overlong_buffer_frac:
         _require(alg.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0")
-
-
-def _rows_per_step(cfg: NemoAzrConfig) -> tuple[int, str]:
-    """Rows of one step's batch and how they are counted (RLCR two-turn: G_a answers + G_a x G_c confidences)."""
-    r = cfg.rlcr
-    if cfg.rollout.workflow == "rlcr_two_turn" or (cfg.rollout.workflow == "rlcr" and r.multi_turn):
-        per_prompt = r.num_generations_answer * (1 + r.num_generations_confidence)
-        return cfg.data.prompts_per_step * per_prompt, "data.prompts_per_step x G_a x (1 + G_c)"
-    return (
-        cfg.data.prompts_per_step * cfg.generation.n_samples,
-        "data.prompts_per_step x generation.n_samples",
-    )
 
 
 ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import torch
 
 from nemo_azr.errors import ConfigError
+from nemo_azr.kernels.triton_env import interpret_enabled, triton_available
 
 __all__ = ["BACKENDS", "interpret_enabled", "get_row_ops", "resolve_backend", "triton_available"]
 
 BACKENDS = ("auto", "triton", "torch")
-_TRUE = ("1", "true", "yes", "on", "y")
-
-
-def interpret_enabled() -> bool:
-    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter (read at every call)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
-
-
-def triton_available() -> bool:
-    """Whether the ``triton`` package is installed (without importing it)."""
-    return importlib.util.find_spec("triton") is not None
 
 
 def resolve_backend(backend: str, *tensors: torch.Tensor) -> str:

@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nemo_azr.kernels.backend import interpret_enabled
 from nemo_azr.kernels.row_ops import RowPartials, compute_dtype
+from nemo_azr.kernels.triton_env import interpret_enabled
 
 __all__ = ["TritonRowOps", "interpret_enabled"]
 
