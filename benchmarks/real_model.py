@@ -273,6 +273,22 @@ def _f(value, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
+def _breakdown(before: dict, after: dict) -> list[tuple[str, float | None, float | None]]:
+    """(label, before, after) accuracy per kind, and on the rephrased set (overall and per kind), where
+    both evaluations recorded them (evaluations before the rephrased set did not)."""
+    rows = []
+    for label, b, a in (("", before, after), ("rephrased ", before.get("rephrased"), after.get("rephrased"))):
+        if not b or not a:
+            continue
+        if label:
+            rows.append(("rephrased accuracy", b.get("accuracy"), a.get("accuracy")))
+        for kind in sorted(set(b.get("by_kind", {})) & set(a.get("by_kind", {}))):
+            before_kind, after_kind = b["by_kind"][kind], a["by_kind"][kind]
+            if "accuracy" in before_kind and "accuracy" in after_kind:  # RLCR's kinds report their own keys
+                rows.append((f"{label}{kind} accuracy", before_kind["accuracy"], after_kind["accuracy"]))
+    return rows
+
+
 def verdict(name: str, res: dict) -> list[tuple[str, str, str]]:
     """(criterion, measured, PASS/FAIL) of the issue's bar for this experiment."""
     b, a = res.get("before", {}), res.get("after", {})
@@ -440,6 +456,10 @@ def write_report(results: dict, meta: dict) -> None:
         for key in keys:
             lines.append(
                 f"| {name} | {b['num_prompts']} | {key} | {_f(b.get(key))} | {_f(a.get(key))} | {train_cols} |"
+            )
+        for label, before, after in _breakdown(b, a):  # per operation, rephrased (evals that have them)
+            lines.append(
+                f"| {name} | {b['num_prompts']} | {label} | {_f(before)} | {_f(after)} | {train_cols} |"
             )
     lines += [
         "",

@@ -98,6 +98,15 @@ def _make_tiny_model(overrides: list[str]) -> int:
     return 0
 
 
+def _per_kind(result: dict) -> str:
+    """ " (addition 0.5, subtraction 0.1)" for an accuracy eval with kinds; "" otherwise (RLCR's kinds
+    carry calibration blocks, shown in metrics.json)."""
+    kinds = result.get("by_kind") or {}
+    if not kinds or not all(isinstance(v, dict) and "accuracy" in v for v in kinds.values()):
+        return ""
+    return " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in kinds.items()) + ")"
+
+
 def _eval(overrides: list[str]) -> int:
     from nemo_azr.config.loader import load_config
     from nemo_azr.evaluate import run_eval
@@ -122,8 +131,7 @@ def _eval(overrides: list[str]) -> int:
         for k in keys
         if k in result
     )
-    if "by_kind" in result and "accuracy" in result:
-        summary += " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in result["by_kind"].items()) + ")"
+    summary += _per_kind(result)
     rephrased = result.get("rephrased")
     if rephrased and rephrased.get("accuracy") is not None:
         summary += f"; rephrased accuracy={rephrased['accuracy']:.4g}"

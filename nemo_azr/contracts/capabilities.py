@@ -21,14 +21,15 @@ class HeldOutSelfPlaySet(Protocol):
 
 @runtime_checkable
 class ExplainsRewards(Protocol):
-    """A task whose reward can say why a reply earned nothing.
+    """A task that can say why a reply earned no answer.
 
-    ``reward_with_reason(example, response_text) -> (reward, reason)``: ``reason`` is "" for a reply
-    whose answer was read, else why none was (one of ``rejection_reasons()``, e.g.
-    ``several_candidates``); the reward stage counts them per step as ``reward/answer_<reason>``.
+    ``answer_rejection(example, response_text)``: "" when the reply's answer was read (right or
+    wrong), else why none was (one of ``rejection_reasons()``, e.g. ``several_candidates``). The
+    reward itself stays ``reward()``; the reward stage counts the reasons per step as
+    ``reward/answer_<reason>``.
     """
 
-    def reward_with_reason(self, example: Any, response_text: str) -> tuple[float, str]: ...
+    def answer_rejection(self, example: Any, response_text: str) -> str: ...
 
     def rejection_reasons(self) -> tuple[str, ...]: ...
 

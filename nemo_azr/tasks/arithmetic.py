@@ -67,6 +67,9 @@ class ArithmeticTask(Task):
     def reward(self, example: Example, response_text: str) -> float:
         return self.reward_with_reason(example, response_text)[0]
 
+    def answer_rejection(self, example: Example, response_text: str) -> str:
+        return self.reward_with_reason(example, response_text)[1]
+
     def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
         # the question lets a reply that restates its expression ("48 + 87 is 135") be read
         return accuracy_with_reason(example.answer, response_text, example.question)

@@ -30,12 +30,11 @@ def score_batch(batch: Batch, task: Task, *, errors: str = "drop") -> Batch:
     reasons: dict[str, int] = {}
     for ex, text in zip(batch["example"], batch[F.RESPONSE_TEXT]):
         try:
+            r = task.reward(ex, text)
             if explains:
-                r, reason = task.reward_with_reason(ex, text)
+                reason = task.answer_rejection(ex, text)
                 if reason:
                     reasons[reason] = reasons.get(reason, 0) + 1
-            else:
-                r = task.reward(ex, text)
         except Exception as exc:  # user reward code: any failure is reported the same way
             where = (
                 f"the reward of task {task.name!r} raised {type(exc).__name__}: {exc} "

@@ -35,7 +35,7 @@ SMALL = [
 def _run(*args: str) -> subprocess.CompletedProcess:
     # the user's model cache ($NEMO_AZR_CACHE or ~/.cache/nemo_azr): the import is reused across runs
     proc = subprocess.run(
-        [sys.executable, "-m", "nemo_azr", *args], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "nemo_azr", *args], capture_output=True, text=True, timeout=2400
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -9,8 +9,12 @@ from pathlib import Path
 
 from nemo_azr.trainer.metrics import read_metrics
 
+#: Only a guard against a hung run, never a speed check: a job of about a minute took over 15 minutes
+#: with a SmolLM2 training beside it on the same 2 cores; CI's own limit is 90 minutes.
+TIMEOUT_S = 2400
 
-def train_cli(out: Path, *overrides: str, timeout: int = 900) -> list[dict]:
+
+def train_cli(out: Path, *overrides: str, timeout: int = TIMEOUT_S) -> list[dict]:
     """``python -m nemo_azr train trainer.output_dir=out *overrides``; fails the test on a non-zero
     exit with the end of its stderr; returns the run's metrics records."""
     cmd = [sys.executable, "-m", "nemo_azr", "train", *overrides, f"trainer.output_dir={out}"]

@@ -229,6 +229,7 @@ def test_selfplay_with_a_frozen_llm_judge_counts_every_reply(tiny_cache, tiny_mo
             "sft_warmup.steps=5",
             "data.prompts_per_step=2",
             "absolute_zero.max_repropose_attempts=0",
+            "absolute_zero.enable_task_proposal=false",  # templated groups: solver episodes every step
             "absolute_zero.safety_evaluator_type=llm",
             f"absolute_zero.judge.model_path={tiny_model_path}",
             "absolute_zero.judge.on_parse_failure=rule",
