@@ -68,6 +68,7 @@ SAMPLES_SHOWN = 3
 WINDOW = 5  # steps averaged at the start and the end of a self-play run
 # The bar: arithmetic greedy accuracy +10 points; RLCR ECE down, AUROC up, accuracy >= -2 points.
 MIN_ACCURACY_GAIN = 0.10
+MIN_SUBTRACTION_GAIN = 0.15  # the real-model bar: subtraction must learn too, not only addition
 MAX_ACCURACY_DROP = 0.02
 
 
@@ -294,13 +295,22 @@ def verdict(name: str, res: dict) -> list[tuple[str, str, str]]:
     b, a = res.get("before", {}), res.get("after", {})
     if name.startswith("arithmetic"):
         gain = a["accuracy"] - b["accuracy"]
-        return [
+        rows = [
             (
                 "greedy accuracy +10 points",
                 f"{gain * 100:+.1f} points",
                 "PASS" if gain >= MIN_ACCURACY_GAIN else "FAIL",
             )
         ]
+        sub_b, sub_a = (x.get("by_kind", {}).get("subtraction", {}).get("accuracy") for x in (b, a))
+        if sub_b is not None and sub_a is not None:
+            rows.append(("subtraction +15 points (training phrasing)", f"{(sub_a - sub_b) * 100:+.1f} points",
+                         "PASS" if sub_a - sub_b >= MIN_SUBTRACTION_GAIN else "FAIL"))  # fmt: skip
+        reph_b, reph_a = (x.get("rephrased", {}).get("accuracy") for x in (b, a))
+        if reph_b is not None and reph_a is not None:
+            rows.append(("rephrased accuracy rises", f"{reph_b:.3f} -> {reph_a:.3f}",
+                         "PASS" if reph_a > reph_b else "FAIL"))  # fmt: skip
+        return rows
     if name in RLCR:
         rows = []
         for key, better in (("ece", "falls"), ("auroc", "rises")):
