@@ -48,6 +48,20 @@ def _within(value: float, low: float, high: float) -> bool:
     return low - _RATIO_TOL <= value <= high + _RATIO_TOL
 
 
+def _band_axes(
+    safety_scores: Sequence[float], completion_scores: Sequence[float], cfg: Any
+) -> list[tuple[float, float, float]]:
+    """(ratio, low, high) of the two bands: the safe ratio and the incomplete ratio."""
+    return [
+        (safe_ratio(safety_scores, cfg), cfg.learnability_min_safe_ratio, cfg.learnability_max_safe_ratio),
+        (
+            incomplete_ratio(completion_scores, cfg),
+            cfg.learnability_min_incomplete_ratio,
+            cfg.learnability_max_incomplete_ratio,
+        ),
+    ]
+
+
 def _band_distance(value: float, low: float, high: float) -> float:
     """How far ``value`` lies outside ``[low, high]``, as a share of the farthest it could lie (0 inside
     the band, 1 at 0.0 or 1.0 when that end is the farther one)."""
@@ -65,15 +79,8 @@ def band_closeness(safety_scores: Sequence[float], completion_scores: Sequence[f
     top every proposal earns the same -0.5 and the proposer has no direction to move in; this
     grades a miss (4 of 5 safe is closer than 5 of 5) for ``proposer_band_reward_weight``.
     """
-    safety_d = _band_distance(
-        safe_ratio(safety_scores, cfg), cfg.learnability_min_safe_ratio, cfg.learnability_max_safe_ratio
-    )
-    completion_d = _band_distance(
-        incomplete_ratio(completion_scores, cfg),
-        cfg.learnability_min_incomplete_ratio,
-        cfg.learnability_max_incomplete_ratio,
-    )
-    return 1.0 - (safety_d + completion_d) / 2.0
+    distances = [_band_distance(*axis) for axis in _band_axes(safety_scores, completion_scores, cfg)]
+    return 1.0 - sum(distances) / len(distances)
 
 
 def check_learnability(safety_scores: Sequence[float], completion_scores: Sequence[float], cfg: Any) -> bool:
@@ -83,15 +90,7 @@ def check_learnability(safety_scores: Sequence[float], completion_scores: Sequen
             "check_learnability needs one safety and one completion score per response, got "
             f"{len(safety_scores)} and {len(completion_scores)}"
         )
-    safety_ok = _within(
-        safe_ratio(safety_scores, cfg), cfg.learnability_min_safe_ratio, cfg.learnability_max_safe_ratio
-    )
-    completion_ok = _within(
-        incomplete_ratio(completion_scores, cfg),
-        cfg.learnability_min_incomplete_ratio,
-        cfg.learnability_max_incomplete_ratio,
-    )
-    return safety_ok and completion_ok
+    return all(_within(*axis) for axis in _band_axes(safety_scores, completion_scores, cfg))
 
 
 def needs_repropose(learnable_flags: Sequence[bool]) -> bool:

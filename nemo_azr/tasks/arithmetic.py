@@ -13,8 +13,7 @@ from pathlib import Path
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import TASKS
-from nemo_azr.rewards.accuracy import accuracy_with_reason
-from nemo_azr.rewards.answer_extraction import REJECTIONS
+from nemo_azr.tasks.answer_reward import AnswerReward
 from nemo_azr.tasks.base import Example, Task
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {
@@ -35,7 +34,7 @@ def rephrasing_templates() -> dict[str, list[str]]:
 
 
 @TASKS.register("arithmetic")
-class ArithmeticTask(Task):
+class ArithmeticTask(AnswerReward, Task):
     """Every ``(a, op, b)`` in range, or a seeded subset of ``num_problems`` of them."""
 
     name = "arithmetic"
@@ -63,19 +62,6 @@ class ArithmeticTask(Task):
             problems = [problems[i] for i in keep]
         template = _validate_template(arith.question_template)
         self.examples = [_example(a, op, b, template) for a, op, b in problems]
-
-    def reward(self, example: Example, response_text: str) -> float:
-        return self.reward_with_reason(example, response_text)[0]
-
-    def answer_rejection(self, example: Example, response_text: str) -> str:
-        return self.reward_with_reason(example, response_text)[1]
-
-    def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
-        # the question lets a reply that restates its expression ("48 + 87 is 135") be read
-        return accuracy_with_reason(example.answer, response_text, example.question)
-
-    def rejection_reasons(self) -> tuple[str, ...]:
-        return REJECTIONS
 
     def rephrased(self, examples: Sequence[Example]) -> list[Example]:
         """``examples`` asked in the held-out phrasings: example ``i`` of an operation in its

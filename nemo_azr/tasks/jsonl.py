@@ -9,8 +9,7 @@ from typing import Any
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import DataError
 from nemo_azr.registry import TASKS
-from nemo_azr.rewards.accuracy import accuracy_with_reason
-from nemo_azr.rewards.answer_extraction import REJECTIONS
+from nemo_azr.tasks.answer_reward import AnswerReward
 from nemo_azr.tasks.base import Example, Task
 
 REQUIRED_FIELDS = ("question", "answer")
@@ -18,7 +17,7 @@ ID_FIELD = "id"
 
 
 @TASKS.register("jsonl")
-class JsonlTask(Task):
+class JsonlTask(AnswerReward, Task):
     """One JSON object per line with ``question`` and ``answer`` (an optional ``id``)."""
 
     name = "jsonl"
@@ -26,18 +25,6 @@ class JsonlTask(Task):
     def __init__(self, cfg: DataConfig) -> None:
         super().__init__(cfg)
         self.examples = load_jsonl_examples(cfg.path)
-
-    def reward(self, example: Example, response_text: str) -> float:
-        return self.reward_with_reason(example, response_text)[0]
-
-    def answer_rejection(self, example: Example, response_text: str) -> str:
-        return self.reward_with_reason(example, response_text)[1]
-
-    def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
-        return accuracy_with_reason(example.answer, response_text, example.question)
-
-    def rejection_reasons(self) -> tuple[str, ...]:
-        return REJECTIONS
 
 
 def load_jsonl_examples(path: str | Path) -> list[Example]:

@@ -21,8 +21,7 @@ import random
 from nemo_azr.config.schema import DataConfig
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import TASKS
-from nemo_azr.rewards.accuracy import accuracy_with_reason
-from nemo_azr.rewards.answer_extraction import REJECTIONS
+from nemo_azr.tasks.answer_reward import AnswerReward
 from nemo_azr.tasks.base import Example, Task
 
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Eva", "Ben", "Lily", "Noah")
@@ -71,7 +70,7 @@ def make_question(kind: str, rng: random.Random) -> tuple[str, str]:
 
 
 @TASKS.register("synthetic_qa")
-class SyntheticQATask(Task):
+class SyntheticQATask(AnswerReward, Task):
     """``data.synthetic_qa.num_examples`` questions, the kinds in turn, seeded."""
 
     name = "synthetic_qa"
@@ -93,15 +92,3 @@ class SyntheticQATask(Task):
             kind = kinds[i % len(kinds)]
             question, answer = make_question(kind, rng)
             self.examples.append(Example(f"qa-{i}", question, answer, {"kind": kind}))
-
-    def reward(self, example: Example, response_text: str) -> float:
-        return self.reward_with_reason(example, response_text)[0]
-
-    def answer_rejection(self, example: Example, response_text: str) -> str:
-        return self.reward_with_reason(example, response_text)[1]
-
-    def reward_with_reason(self, example: Example, response_text: str) -> tuple[float, str]:
-        return accuracy_with_reason(example.answer, response_text, example.question)
-
-    def rejection_reasons(self) -> tuple[str, ...]:
-        return REJECTIONS
