@@ -73,6 +73,8 @@ SPLIT_THREADS = ["trainer.num_threads=1", "rollout.async_threads=1"]
 PROCESS = ["rollout.async_generation=process"]
 E2E_CASES = {
     "padded_sync": [],
+    # the decode loop before the static cache (generation.decode=auto is static on CUDA)
+    "padded_sync_dynamic": ["generation.decode=dynamic"],
     "packed_sync": PACKED,
     "padded_async": [*ASYNC, *THREAD],
     "padded_async_split": [*ASYNC, *THREAD, *SPLIT_THREADS],
@@ -379,7 +381,9 @@ def main() -> None:
     parser.add_argument(
         "--e2e-cases",
         nargs="+",
-        default=[c for c in E2E_CASES if c not in ("packed_async", "packed_async_process")],  # CPU set
+        default=[
+            c for c in E2E_CASES if c not in ("packed_async", "packed_async_process", "padded_sync_dynamic")
+        ],  # CPU set
         choices=list(E2E_CASES),
     )
     parser.add_argument(

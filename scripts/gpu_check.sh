@@ -8,9 +8,12 @@
 # With .gpu_model/ (a model's config + tokenizer files, e.g. SmolLM2's from the model cache; its weights
 # are too large to carry) it first runs benchmarks/throughput.py on that architecture with random
 # weights (benchmarks/random_weights.py). Each step's time limit: GPU_*_TIMEOUT (seconds).
-# GPU_CHECK_PARTS picks the steps (comma-separated; default all): update (the update on a long-tailed
-# batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list), shared_prefix, tests,
-# trtllm, megatron. All of them take longer than one device call (10 min): split them over calls.
+# GPU_CHECK_PARTS picks the steps (comma-separated; default all): decode (rollout tokens/s, dynamic vs
+# static cache + CUDA graphs, benchmarks/decode.py), kernels (log-prob kernels vs torch and Liger,
+# benchmarks/kernels_gpu.py; carry liger-kernel's wheel in .gpu_wheels), update (the update on a
+# long-tailed batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list,
+# GPU_E2E_NAME its results name), shared_prefix, tests (GPU_TESTS overrides the test list), trtllm,
+# megatron. All of them take longer than one device call (10 min): split them over calls.
 #   device tool: run(command="GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
 #   the async target alone: run(command="GPU_CHECK_PARTS=e2e GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", ...)
 set -uo pipefail
@@ -18,7 +21,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 status=0
-PARTS=",${GPU_CHECK_PARTS:-update,e2e,shared_prefix,tests,trtllm,megatron},"
+PARTS=",${GPU_CHECK_PARTS:-decode,kernels,update,e2e,shared_prefix,tests,trtllm,megatron},"
 part() { [[ "$PARTS" == *",$1,"* ]]; }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
@@ -45,6 +48,10 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 if [ -d .gpu_model ]; then
   model=/tmp/nemo_azr_gpu_model
   python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
+  # Rollout decode at 512 responses x 128 tokens: results/decode_gpu.md
+  part decode && { timeout "${GPU_DECODE_TIMEOUT:-240}" python3 benchmarks/decode.py --model "$model" \
+    --device cuda --prompts 64 --n 8 --new-tokens 128 ${GPU_DECODE_ARGS:-} > "$OUT/decode.log" 2>&1 || status=1; \
+    cp benchmarks/results/decode_gpu.* "$OUT/" 2>/dev/null; tail -n 40 "$OUT/decode.log"; }
   part update && { timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update \
     --device cuda --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 \
     --update-overrides model.autocast_dtype=bfloat16 model.kernel_backend=torch --results-name throughput_gpu \
@@ -54,7 +61,7 @@ if [ -d .gpu_model ]; then
   e2e_cases=${GPU_E2E_CASES:-padded_sync padded_async packed_sync packed_async padded_async_process packed_async_process}
   # shellcheck disable=SC2086  # the case list is meant to split into words
   part e2e && { timeout "${GPU_E2E_TIMEOUT:-480}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
-    --e2e-budget 8192 --results-name throughput_gpu_large --e2e-cases $e2e_cases \
+    --e2e-budget 8192 --results-name "${GPU_E2E_NAME:-throughput_gpu_large}" --e2e-cases $e2e_cases \
     --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 \
     model.kernel_backend=torch data.prompts_per_step=64 generation.n_samples=8 \
     --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1; }
@@ -66,10 +73,19 @@ if [ -d .gpu_model ]; then
   tail -n 25 "$OUT/throughput.log"
 fi
 
+# The log-prob kernels against torch and Liger, with a tile x warps sweep: results/kernels_gpu.md
+if part kernels; then
+  timeout "${GPU_KERNELS_TIMEOUT:-300}" python3 benchmarks/kernels_gpu.py > "$OUT/kernels.log" 2>&1 || status=1
+  cp benchmarks/results/kernels_gpu.* "$OUT/" 2>/dev/null
+  tail -n 40 "$OUT/kernels.log"
+fi
+
 # tests/gpu and the Triton kernel tests, which run compiled on a GPU (interpreted on CPU)
 if part tests; then
-  timeout "${GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q tests/gpu tests/unit/test_kernels_triton.py \
-    tests/unit/test_kernels_fused_loss.py tests/unit/test_policy_fused_loss.py tests/unit/test_off_policy_in_update.py \
+  gpu_tests=${GPU_TESTS:-tests/gpu tests/unit/test_kernels_triton.py tests/unit/test_kernels_fused_loss.py \
+    tests/unit/test_policy_fused_loss.py tests/unit/test_off_policy_in_update.py}
+  # shellcheck disable=SC2086  # the test list is meant to split into words
+  timeout "${GPU_TEST_TIMEOUT:-240}" python3 -m pytest -q $gpu_tests \
     -p no:cacheprovider --junitxml="$OUT/gpu_junit.xml" > "$OUT/gpu_tests.log" 2>&1 || status=1
   tail -n 15 "$OUT/gpu_tests.log"
 fi

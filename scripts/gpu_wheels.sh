@@ -10,7 +10,8 @@ mkdir -p "$dest"
 pip download --quiet --disable-pip-version-check --dest "$dest" --no-deps --only-binary=:all: \
   --python-version "$PY_VERSION" --implementation cp \
   --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
-  megatron-core==0.16.1 hydra-core==1.3.8 omegaconf==2.3.1 math-verify==0.9.0 latex2sympy2_extended
+  megatron-core==0.16.1 hydra-core==1.3.8 omegaconf==2.3.1 math-verify==0.9.0 latex2sympy2_extended \
+  text2num==3.1.0 liger-kernel==0.8.5
 # omegaconf needs antlr4 4.9.*, published as a (pure-Python) source package only.
 pip download --quiet --disable-pip-version-check --dest "$dest" --no-deps antlr4-python3-runtime==4.9.3
 ls -1 "$dest"

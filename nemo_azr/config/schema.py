@@ -111,6 +111,9 @@ class GenerationConfig:
     max_new_tokens: int = 8
     stop_strings: list[str] = field(default_factory=list)
     max_batch_size: int = 0  # sequences per generate call; 0 = all at once
+    # hf backend's decode loop: static (pre-allocated KV cache; each token's step a replayed CUDA graph
+    # on CUDA), dynamic (the cache grows per token), auto (static on CUDA, dynamic on CPU)
+    decode: str = "auto"
     dtype: str = (
         ""  # hf backend: dtype of its weight copy ("" = model.dtype); bfloat16 decodes ~2x faster on AMX CPUs
     )

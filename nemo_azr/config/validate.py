@@ -123,6 +123,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         cfg.generation.dtype in ("", *DTYPES),
         f"generation.dtype={cfg.generation.dtype!r} is not one of: '' (model.dtype), {', '.join(DTYPES)}",
     )
+    _one_of("generation.decode", cfg.generation.decode, ("auto", "dynamic", "static"))
     _require(
         not cfg.model.autocast_dtype or cfg.model.backend != MEGATRON_BACKEND,
         "model.autocast_dtype is the hf policy's mixed precision; megatron sets its precision through "

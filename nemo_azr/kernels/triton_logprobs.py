@@ -31,9 +31,14 @@ from nemo_azr.kernels.triton_env import interpret_enabled
 
 __all__ = ["TritonRowOps", "interpret_enabled"]
 
-#: Column tile on the GPU (one row per program; 8 warps stream 4096 values per iteration).
-GPU_BLOCK_V = 4096
-GPU_NUM_WARPS = 8
+#: Column tile and warps of the stats kernel on the GPU (one row per program). Swept on an H200 over
+#: tiles 2048-16384 x 4/8/16 warps at vocabularies 49k/128k/152k: 2048 x 4 was fastest at all three
+#: (2-10% ahead of 4096 x 8; benchmarks/results/kernels_gpu.md).
+GPU_BLOCK_V = 2048
+GPU_NUM_WARPS = 4
+#: The d-logits kernel's (reads the row, writes the gradient): not swept yet, the earlier 4096 x 8.
+GPU_DLOGITS_BLOCK_V = 4096
+GPU_DLOGITS_NUM_WARPS = 8
 #: Column tile in the interpreter: every tile is one numpy call per op, so bigger is faster.
 INTERPRET_BLOCK_V = 32768
 
@@ -151,18 +156,18 @@ def _acc(dtype: torch.dtype):
     return tl.float64 if compute_dtype(dtype) == torch.float64 else tl.float32
 
 
-def _launch_cfg(x: torch.Tensor, n_cols: int) -> tuple[bool, dict]:
+def _launch_cfg(x: torch.Tensor, n_cols: int, *, dlogits: bool = False) -> tuple[bool, dict]:
     interpret = interpret_enabled()
     if not x.is_cuda and not interpret:
         raise RuntimeError(
             "the triton kernels got CPU tensors without TRITON_INTERPRET=1; use CUDA tensors or "
             "backend='torch'"
         )
-    cap = INTERPRET_BLOCK_V if interpret else GPU_BLOCK_V
+    cap = INTERPRET_BLOCK_V if interpret else (GPU_DLOGITS_BLOCK_V if dlogits else GPU_BLOCK_V)
     block = min(cap, triton.next_power_of_2(max(n_cols, 16)))
     meta = {"BLOCK_V": block}
     if not interpret:
-        meta["num_warps"] = GPU_NUM_WARPS
+        meta["num_warps"] = GPU_DLOGITS_NUM_WARPS if dlogits else GPU_NUM_WARPS
     return interpret, meta
 
 
@@ -221,7 +226,7 @@ class TritonRowOps:
         rows, n_cols = z.shape
         if not rows:
             return
-        interpret, meta = _launch_cfg(z, n_cols)
+        interpret, meta = _launch_cfg(z, n_cols, dlogits=True)
         _, dlogits_k = _kernels(interpret)
         has_ent = g_ent is not None
         cdt = compute_dtype(z.dtype)

@@ -11,9 +11,11 @@ import copy
 
 import torch
 
+from nemo_azr.errors import ConfigError
 from nemo_azr.models.shared_prefix import cache_keyword, distinct_rows
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.rollout.static_decode import DECODE_MODES, StaticDecoder, static_decode_unsupported
 
 
 def _sample(logits: torch.Tensor, sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +65,15 @@ class HFGenerationBackend:
     """Owns its own copy of the model (like a separate inference engine); ``sync_weights`` refreshes it."""
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer, *, max_batch_size: int = 0, dtype: torch.dtype | None = None
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        *,
+        max_batch_size: int = 0,
+        dtype: torch.dtype | None = None,
+        decode: str = "auto",
+        cuda_graphs: bool = True,
+        grouped_attention: bool = False,
     ) -> None:
         # Its own copy, optionally in another dtype (``generation.dtype``): bf16 decodes about twice as
         # fast on CPUs with AMX; ``sync_weights`` casts the policy's weights into it.
@@ -78,6 +88,19 @@ class HFGenerationBackend:
         self.max_batch_size = max_batch_size
         self.version = 0
         self._cache_kw = cache_keyword(getattr(self.model, self.model.base_model_prefix))
+        # generation.decode: static (pre-allocated cache, CUDA graphs on CUDA), dynamic, or auto
+        # (static on CUDA). A model the static path cannot serve is refused when asked for by name.
+        if decode not in DECODE_MODES:
+            raise ConfigError(f"generation.decode={decode!r}: expected one of {', '.join(DECODE_MODES)}")
+        why_not = static_decode_unsupported(self.model) if decode != "dynamic" else None
+        if decode == "static" and why_not:
+            raise ConfigError(
+                f"generation.decode=static cannot decode this model: {why_not}; use decode=dynamic"
+            )
+        self.decode = "dynamic" if why_not else decode
+        self.cuda_graphs = cuda_graphs
+        self.grouped_attention = grouped_attention
+        self._static: StaticDecoder | None = None
 
     # --- capabilities ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -95,7 +118,9 @@ class HFGenerationBackend:
         self.version += 1
 
     def release(self) -> None:
-        """Nothing is cached between calls; present so callers can treat backends uniformly."""
+        """Free the static decode path's caches and captured graphs (rebuilt on the next call)."""
+        if self._static is not None:
+            self._static.release()
 
     def flush_cache(self) -> None:
         """The KV cache lives only inside one ``generate`` call."""
@@ -143,6 +168,20 @@ class HFGenerationBackend:
         past.batch_select_indices(inverse)
         return logits[inverse], past
 
+    def _uses_static_decode(self, device: torch.device) -> bool:
+        """``decode=static`` always; ``auto`` on CUDA (where launch overhead bounds the dynamic loop)."""
+        if self.decode == "dynamic" or (self.decode == "auto" and device.type != "cuda"):
+            return False
+        if self._static is None:
+            self._static = StaticDecoder(
+                self.model,
+                self._cache_kw,
+                _sample,
+                cuda_graphs=self.cuda_graphs,
+                grouped_attention=self.grouped_attention,
+            )
+        return True
+
     def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
         b = len(prompts)
@@ -155,49 +194,93 @@ class HFGenerationBackend:
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         logits, past = self._encode_prompts(ids, attn, pos)
         next_pos = pos[:, -1:] + 1
+        if self._uses_static_decode(device):
+            tokens, logps, _ = self._static.decode(
+                logits,
+                past,
+                attn,
+                next_pos,
+                sp,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                stop_rows=self._stop_rows(sp),
+            )
+        else:
+            tokens, logps = self._decode_dynamic(logits, past, attn, next_pos, sp)
+        return self._finish_rows(tokens.tolist(), logps.tolist(), sp)
 
+    def _decode_dynamic(
+        self, logits, past, attn, next_pos, sp: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The plain loop: the cache grows by one column per token, the host checks every token."""
+        b, device = attn.shape[0], attn.device
         tokens = torch.full((b, sp.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         logps = torch.zeros((b, sp.max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
-        reason = ["length"] * b
-        lengths = [sp.max_new_tokens] * b
+        stop_rows = self._stop_rows(sp)
         for t in range(sp.max_new_tokens):
             tok, logp = _sample(logits, sp)
             tok = tok.masked_fill(done, self.pad_id)
             tokens[:, t] = tok
             logps[:, t] = logp.masked_fill(done, 0.0)
-            newly = (~done) & (tok == self.eos_id)
-            for i in newly.nonzero(as_tuple=True)[0].tolist():
-                reason[i], lengths[i] = "eos", t + 1
-            done |= newly
-            if sp.stop_strings:
-                for i in (~done).nonzero(as_tuple=True)[0].tolist():
-                    text = self.tokenizer.decode(tokens[i, : t + 1].tolist(), skip_special_tokens=True)
-                    if any(s in text for s in sp.stop_strings):
-                        reason[i], lengths[i] = "stop", t + 1
-                        done[i] = True
+            done |= tok == self.eos_id
+            if stop_rows is not None:
+                ended = stop_rows(tokens[:, : t + 1], done)
+                if ended:
+                    done[torch.tensor(ended, device=device)] = True
             if bool(done.all()) or t + 1 == sp.max_new_tokens:
                 break
             attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=1)
             logits, past = self._next_logits(tok[:, None], attn, next_pos, past)
             next_pos = next_pos + 1
+        return tokens, logps
 
+    def _stop_rows(self, sp: SamplingParams):
+        """``(tokens, done) -> rows whose text so far holds a stop string``; None without stop strings."""
+        if not sp.stop_strings:
+            return None
+
+        def stop_rows(tokens: torch.Tensor, done: torch.Tensor) -> list[int]:
+            rows = (~done).nonzero(as_tuple=True)[0].tolist()
+            texts = self.tokenizer.batch_decode(tokens[rows].tolist(), skip_special_tokens=True)
+            return [i for i, text in zip(rows, texts) if any(s in text for s in sp.stop_strings)]
+
+        return stop_rows
+
+    def _finish_rows(
+        self, tokens: list[list[int]], logps: list[list[float]], sp: SamplingParams
+    ) -> list[Sample]:
+        """Cut each row at its end: the first eos, else the first token whose text completes a stop
+        string, else ``max_new_tokens``; the same rule whichever loop produced the tokens."""
         samples = []
-        for i in range(b):
-            n = lengths[i]
-            ids_i = tokens[i, :n].tolist()
+        for row, row_logps in zip(tokens, logps):
+            n, reason = len(row), "length"
+            if self.eos_id in row:
+                n, reason = row.index(self.eos_id) + 1, "eos"
+            if sp.stop_strings:
+                stop_at = self._first_stop(row[:n], sp.stop_strings)
+                if stop_at is not None and (reason != "eos" or stop_at < n):
+                    n, reason = stop_at, "stop"
+            ids_i = row[:n]
             text = self.tokenizer.decode(ids_i, skip_special_tokens=True)
-            samples.append(
-                Sample(token_ids=ids_i, logprobs=logps[i, :n].tolist(), text=text, finish_reason=reason[i])
-            )
+            samples.append(Sample(token_ids=ids_i, logprobs=row_logps[:n], text=text, finish_reason=reason))
         return samples
+
+    def _first_stop(self, row: list[int], stop_strings) -> int | None:
+        """Length of the shortest prefix of ``row`` whose text holds a stop string (None: none does)."""
+        if not any(s in self.tokenizer.decode(row, skip_special_tokens=True) for s in stop_strings):
+            return None
+        for t in range(1, len(row) + 1):
+            if any(s in self.tokenizer.decode(row[:t], skip_special_tokens=True) for s in stop_strings):
+                return t
+        return None
 
 
 def backend_kwargs(gen_cfg) -> dict:
     """Constructor keyword arguments of a generation backend from ``cfg.generation``."""
     if gen_cfg.backend == "trtllm":  # the engine's keys live under generation.trtllm
         return {"cfg": gen_cfg}
-    kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
+    kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size, "decode": gen_cfg.decode}
     if gen_cfg.dtype:
         kwargs["dtype"] = getattr(torch, gen_cfg.dtype)
     return kwargs

@@ -74,8 +74,10 @@ class ProcessGenerationBackend:
 
     # The hf backend's own: they only touch ``model`` and ``version``, which the proxy holds.
     sync_weights = HFGenerationBackend.sync_weights
-    release = HFGenerationBackend.release
     flush_cache = HFGenerationBackend.flush_cache
+
+    def release(self) -> None:
+        """The child keeps its decode caches and captured graphs between calls (they live in its memory)."""
 
     def model_device(self) -> torch.device:
         param = next(self.model.parameters(), None)

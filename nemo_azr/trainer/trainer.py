@@ -67,6 +67,7 @@ from nemo_azr.trainer.async_rollout import (
 )
 from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
+from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics, step_flops
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
 from nemo_azr.trainer.preflight import check_writable, resolve_device
@@ -195,6 +196,14 @@ class Trainer:
         self.norm_length = cfg.algorithm.norm_length or cfg.generation.max_new_tokens
         self.last_samples: list[dict] = []  # the last step's sample texts (logger.samples_per_step)
         self._reward_error_reported = False
+        # MFU per step (throughput/mfu): the policy's shape from its HF config, the device's peak
+        hf_config = getattr(self.policy, "hf_config", None) or self.policy.model.config
+        try:
+            self._model_shape: ModelShape | None = ModelShape.from_hf_config(hf_config)
+        except AttributeError:  # a config without the usual decoder fields: no FLOP count, no MFU
+            self._model_shape = None
+        self._peak_flops = device_peak_flops(self.device)
+        self._last_flops: dict[str, float] | None = None
 
     def _optimizer_steps_total(self, model=None) -> int:
         """Optimizer steps of the whole run for ``model`` (the policy, or the critic with its own
@@ -352,6 +361,16 @@ class Trainer:
                 self.async_rollout.step_done(step)
         if "timing/step_s" in metrics:  # the trainer's wall time (a rollout ahead of it overlaps)
             metrics["timing/step_s"] = time.perf_counter() - t_start
+            if self._last_flops is not None:
+                metrics.update(
+                    mfu_metrics(
+                        self._last_flops,
+                        step_s=metrics["timing/step_s"],
+                        rollout_s=metrics["timing/rollout_s"],
+                        update_s=metrics["timing/update_s"],
+                        peak=self._peak_flops,
+                    )
+                )
         if wait_s is not None:
             metrics["async/wait_s"] = wait_s
             metrics.update(rollout.lag_metrics)
@@ -438,6 +457,7 @@ class Trainer:
         t_reward = time.perf_counter()
 
         weights_in_update = False
+        logprob_passes = int(self.ref is not None)  # forwards over the batch besides the update
         if alg.use_rollout_logprobs:
             batch[F.OLD_LOGPROBS] = batch[F.ROLLOUT_LOGPROBS]
         elif self._old_logprobs_from_update(len(batch)):
@@ -445,6 +465,7 @@ class Trainer:
             weights_in_update = alg.off_policy_correction != "none"
         else:
             batch[F.OLD_LOGPROBS] = self.policy.compute_logprobs(batch)
+            logprob_passes += 1
             metrics.update(rollout_logprob_gap(batch))  # the generation engine's vs the trainer's
         if self.ref is not None:
             batch[F.REF_LOGPROBS] = self.ref.compute_logprobs(batch)
@@ -498,6 +519,7 @@ class Trainer:
         self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
         self.state.consecutive_skips = 0
         metrics.update(self._batch_metrics(batch))
+        self._last_flops = self._step_flops(metrics, logprob_passes)
         metrics.update(
             {
                 "timing/rollout_s": rollout.rollout_s,
@@ -644,7 +666,21 @@ class Trainer:
             "advantage/abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
             "batch/rows": float(len(batch)),
             "batch/tokens": float(mask.sum()),
+            "batch/prompt_tokens": float(batch[F.ATTENTION_MASK].sum() - mask.sum()),
         }
+
+    def _step_flops(self, metrics: dict[str, float], logprob_passes: int) -> dict[str, float] | None:
+        """The policy's model FLOPs this step (trainer/flops.py); None when its config has no shape."""
+        if self._model_shape is None:
+            return None
+        return step_flops(
+            self._model_shape,
+            rows=int(metrics["batch/rows"]),
+            prompt_tokens=metrics["batch/prompt_tokens"],
+            response_tokens=metrics["batch/tokens"],
+            logprob_passes=logprob_passes,
+            update_epochs=self.cfg.algorithm.ppo_epochs,
+        )
 
     def setup_generation(self) -> None:
         """Create the generation backend from the current policy weights (``fit`` calls this after
