@@ -249,6 +249,12 @@ class DataConfig:
     path: str = ""  # JSONL file for task=jsonl (fields: question, answer)
     prompts_per_step: int = 8
     shuffle: bool = True
+    # Prompt order: none (epochs, shuffled by `shuffle`) | feedback (each batch drawn with weight
+    # curriculum_floor + the prompt's usefulness, a moving average (curriculum_decay) of the workflow's
+    # per-prompt feedback; self-play reports whether a seed's group reached the learnability band)
+    curriculum: str = "none"
+    curriculum_floor: float = 0.1
+    curriculum_decay: float = 0.7
     system_prompt: str = ""  # "" -> the chat template's own default system prompt, if it has one
     # Example exchanges placed between the system prompt and the question, rendered by the chat
     # template: [{role: user, content: ...}, {role: assistant, content: ...}, ...]. A small instruct

@@ -124,6 +124,12 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         f"generation.dtype={cfg.generation.dtype!r} is not one of: '' (model.dtype), {', '.join(DTYPES)}",
     )
     _one_of("generation.decode", cfg.generation.decode, ("auto", "dynamic", "static"))
+    _one_of("data.curriculum", cfg.data.curriculum, ("none", "feedback"))
+    _require(
+        cfg.data.curriculum_floor > 0 and 0 <= cfg.data.curriculum_decay < 1,
+        f"data.curriculum_floor must be > 0 and data.curriculum_decay in [0, 1), got "
+        f"{cfg.data.curriculum_floor} and {cfg.data.curriculum_decay}",
+    )
     _require(
         not cfg.model.autocast_dtype or cfg.model.backend != MEGATRON_BACKEND,
         "model.autocast_dtype is the hf policy's mixed precision; megatron sets its precision through "

@@ -21,6 +21,10 @@ STAGES = ("rollout", "reward", "advantage", "update")
 #: ``batch.info`` flag: the update takes old log-probs from its own forward pass (a single on-policy
 #: optimizer step, where they equal the current log-probs), so ``old_logprobs`` is not required.
 OLD_LOGPROBS_FROM_UPDATE = "old_logprobs_from_update"
+#: ``batch.info`` entry a workflow may set: ``{prompt_id: value in [0, 1]}``, how useful each prompt's
+#: rollout was to train on (self-play: 1 when its question group reached the learnability band). A
+#: curriculum prompt loader (``data.curriculum=feedback``) samples prompts by it.
+PROMPT_FEEDBACK = "prompt_feedback"
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch
 
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.schema import PROMPT_FEEDBACK
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rewards.evaluators import EpisodeScores, score_episodes
@@ -146,6 +147,11 @@ class AbsoluteZeroWorkflow:
             metrics[key] = seconds - domain_clock.get(key, 0.0)
         batch.info["metrics"] = metrics
         batch.info.setdefault(INFO_KEY, {})["learnable"] = {g.prompt_id: g.result.learnable for g in final}
+        # the curriculum's signal: the share of a seed's final group that reached the band
+        batch.info[PROMPT_FEEDBACK] = {
+            g.prompt_id: sum(g.result.learnable) / len(g.result.learnable) if g.result.learnable else 0.0
+            for g in final
+        }
         return batch
 
     # --- propose + solve + score -------------------------------------------------------------------

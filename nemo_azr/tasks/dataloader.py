@@ -2,6 +2,8 @@
 
 Each epoch's order is a permutation drawn from a generator seeded with ``seed + epoch``, so the
 order depends only on (seed, epoch) and a resumed run continues exactly where it stopped.
+:class:`FeedbackCurriculumLoader` (``data.curriculum=feedback``) instead samples each batch by how
+useful each prompt's last rollouts were (``PROMPT_FEEDBACK``), its state saved with the position.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class PromptLoader:
             self.position += take
         return batch
 
+    def record(self, feedback: dict[str, float]) -> None:
+        """Per-prompt usefulness of the last rollout (``PROMPT_FEEDBACK``); the plain loader ignores it."""
+
     def __iter__(self) -> Iterator[list[Example]]:
         while True:
             yield self.next_batch()
@@ -78,3 +83,74 @@ class PromptLoader:
             raise CheckpointError(f"prompt loader state out of range: epoch={epoch}, position={position}")
         self.epoch, self.position = epoch, position
         self._order = self._epoch_order(epoch)
+
+
+class FeedbackCurriculumLoader(PromptLoader):
+    """Batches drawn by usefulness: prompt ``i`` is drawn with weight ``floor + u_i``, where ``u_i`` is an
+    exponential moving average (``decay``) of the feedback its rollouts got (1.0 before any: every
+    prompt is tried before the curriculum narrows). Distinct prompts per batch while there are enough.
+
+    Why: in self-play a seed whose question groups keep missing the learnability band costs a
+    proposal and ``rollout_n`` solver episodes per step and trains nothing; the seeds that last reached
+    the band are where the proposer and solver both learn. ``floor`` keeps every prompt in play.
+    """
+
+    def __init__(
+        self, examples: Sequence[Example], batch_size: int, *, seed: int, floor: float, decay: float
+    ) -> None:
+        super().__init__(examples, batch_size, shuffle=True, seed=seed)
+        if floor <= 0 or not 0 <= decay < 1:
+            raise ConfigError(f"curriculum floor must be > 0 and decay in [0, 1), got {floor} and {decay}")
+        self.floor, self.decay = floor, decay
+        self.usefulness = {e.prompt_id: 1.0 for e in self.examples}
+        self.draws = 0
+
+    def next_batch(self) -> list[Example]:
+        weights = torch.tensor([self.floor + self.usefulness[e.prompt_id] for e in self.examples])
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
+        self.draws += 1
+        distinct = self.batch_size <= len(self.examples)
+        picks = torch.multinomial(weights, self.batch_size, replacement=not distinct, generator=generator)
+        return [self.examples[i] for i in picks.tolist()]
+
+    def record(self, feedback: dict[str, float]) -> None:
+        for prompt_id, value in feedback.items():
+            if prompt_id in self.usefulness:  # a prompt of another task (e.g. eval) is not ours
+                old = self.usefulness[prompt_id]
+                self.usefulness[prompt_id] = self.decay * old + (1 - self.decay) * min(
+                    max(float(value), 0.0), 1.0
+                )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "draws": self.draws, "usefulness": dict(self.usefulness)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        try:
+            draws, usefulness = (
+                int(state["draws"]),
+                {str(k): float(v) for k, v in state["usefulness"].items()},
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(
+                "prompt loader state has no curriculum (draws, usefulness): it was saved without "
+                "data.curriculum=feedback, or is malformed"
+            ) from exc
+        if set(usefulness) != set(self.usefulness):
+            raise CheckpointError(
+                "the curriculum state names other prompts than the task's: the data changed"
+            )
+        self.draws, self.usefulness = draws, usefulness
+
+
+def build_prompt_loader(examples: Sequence[Example], data_cfg, seed: int) -> PromptLoader:
+    """The loader ``cfg.data`` asks for: plain epochs, or the feedback curriculum."""
+    if data_cfg.curriculum == "feedback":
+        return FeedbackCurriculumLoader(
+            examples,
+            data_cfg.prompts_per_step,
+            seed=seed,
+            floor=data_cfg.curriculum_floor,
+            decay=data_cfg.curriculum_decay,
+        )
+    return PromptLoader(examples, data_cfg.prompts_per_step, shuffle=data_cfg.shuffle, seed=seed)

@@ -34,7 +34,7 @@ from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE
+from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE, PROMPT_FEEDBACK
 from nemo_azr.errors import (
     BatchContractError,
     CheckpointDamagedError,
@@ -57,7 +57,7 @@ from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
 from nemo_azr.tasks import build_task
-from nemo_azr.tasks.dataloader import PromptLoader
+from nemo_azr.tasks.dataloader import build_prompt_loader
 from nemo_azr.trainer.async_rollout import (
     AsyncRollout,
     Rollout,
@@ -170,9 +170,7 @@ class Trainer:
                 "or export it with `nemo-azr convert megatron-to-hf`"
             )
         self.tokenizer = load_tokenizer(self.model_path / "model" if megatron_ckpt else self.model_path)
-        self.loader = PromptLoader(
-            self.task.examples, cfg.data.prompts_per_step, shuffle=cfg.data.shuffle, seed=cfg.seed
-        )
+        self.loader = build_prompt_loader(self.task.examples, cfg.data, cfg.seed)
         self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
         role_estimators = getattr(self.workflow, "role_estimators", None)
         self.estimator = (
@@ -397,6 +395,7 @@ class Trainer:
 
         examples = self.loader.next_batch()
         batch = self.workflow.run(examples, self.backend, self.sampling, step=step)
+        self.loader.record(batch.info.get(PROMPT_FEEDBACK, {}))  # before loader_after is taken
         metrics.update(batch.info.get("metrics", {}))
         if len(batch) == 0:  # e.g. self-play where no group produced a trainable row
             return done(

@@ -275,3 +275,11 @@ def test_band_reward_grades_flagged_groups_by_their_nearest_miss(tokenizer):
     assert batch.info["absolute_zero"]["proposer_rewards"] == {"A": 1.0, "B": -0.5, "C": -0.5, "D": -0.5}
     metrics = batch.info["metrics"]
     assert metrics["unified_filter/band_closeness_mean"] == pytest.approx((1 + near_closeness + 0 + 0) / 4)
+
+
+def test_prompt_feedback_is_the_share_of_each_seeds_final_group_in_the_band(tokenizer):
+    from nemo_azr.contracts.schema import PROMPT_FEEDBACK
+
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [GARBAGE]}
+    batch, _, _ = run_step(tokenizer, plans, max_repropose_attempts=0)
+    assert batch.info[PROMPT_FEEDBACK] == {"A": 0.5, "B": 0.0, "C": 0.0}
