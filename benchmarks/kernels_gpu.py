@@ -159,6 +159,13 @@ def linear(rows: int, reps: int, flops_peak: float) -> dict:
             "naive": lambda h, w, t: (h @ w.T).float().log_softmax(-1).gather(-1, t[:, None])[:, 0],
             "torch": lambda h, w, t: linear_token_logprobs(h, w, t, backend="torch"),
             "triton": lambda h, w, t: linear_token_logprobs(h, w, t, backend="triton"),
+            # larger token chunks: fewer, bigger GEMMs (the 1024 default was sized for CPU memory)
+            "triton_chunk4096": lambda h, w, t: linear_token_logprobs(
+                h, w, t, backend="triton", chunk_size=4096
+            ),
+            "triton_chunk8192": lambda h, w, t: linear_token_logprobs(
+                h, w, t, backend="triton", chunk_size=8192
+            ),
         }
         if liger_flce is not None:
             impls["liger"] = lambda h, w, t: -liger_flce(h, w, t, reduction="none")
