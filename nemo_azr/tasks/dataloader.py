@@ -8,6 +8,7 @@ useful each prompt's last rollouts were (``PROMPT_FEEDBACK``), its state saved w
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -15,6 +16,8 @@ import torch
 
 from nemo_azr.errors import CheckpointError, ConfigError, DataError
 from nemo_azr.tasks.base import Example
+
+log = logging.getLogger(__name__)
 
 
 class PromptLoader:
@@ -125,17 +128,21 @@ class FeedbackCurriculumLoader(PromptLoader):
         return {**super().state_dict(), "draws": self.draws, "usefulness": dict(self.usefulness)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved curriculum; a state saved without one (the curriculum switched on at a
+        resume, e.g. from a warm-up checkpoint) starts it afresh, with a warning."""
         super().load_state_dict(state)
+        if "draws" not in state and "usefulness" not in state:
+            log.warning(
+                "the checkpoint's prompt loader had no curriculum: data.curriculum=feedback starts afresh"
+            )
+            return
         try:
             draws, usefulness = (
                 int(state["draws"]),
                 {str(k): float(v) for k, v in state["usefulness"].items()},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(
-                "prompt loader state has no curriculum (draws, usefulness): it was saved without "
-                "data.curriculum=feedback, or is malformed"
-            ) from exc
+            raise CheckpointError(f"prompt loader curriculum state is malformed: {exc}") from exc
         if set(usefulness) != set(self.usefulness):
             raise CheckpointError(
                 "the curriculum state names other prompts than the task's: the data changed"

@@ -63,9 +63,9 @@ def test_same_seed_same_batches_and_resume_continues_exactly():
 def test_bad_settings_and_states_are_named():
     with pytest.raises(ConfigError, match="floor"):
         _loader(floor=0.0)
-    plain = PromptLoader(_examples(10), 4, shuffle=True, seed=0).state_dict()
-    with pytest.raises(CheckpointError, match="without data.curriculum=feedback"):
-        _loader().load_state_dict(plain)
+    broken = {**_loader().state_dict(), "usefulness": "not a mapping"}
+    with pytest.raises(CheckpointError, match="malformed"):
+        _loader().load_state_dict(broken)
     other = _loader(n=10).state_dict()
     other["usefulness"] = {f"q{i}": 1.0 for i in range(10)}
     with pytest.raises(CheckpointError, match="other prompts"):
@@ -75,3 +75,12 @@ def test_bad_settings_and_states_are_named():
 def test_more_prompts_per_step_than_prompts_draws_with_replacement():
     loader = _loader(n=3, batch=5)
     assert len(loader.next_batch()) == 5
+
+
+def test_a_checkpoint_without_a_curriculum_starts_one_afresh(caplog):
+    plain = PromptLoader(_examples(10), 4, shuffle=True, seed=0)
+    plain.next_batch()
+    loader = _loader()
+    loader.load_state_dict(plain.state_dict())
+    assert loader.draws == 0 and set(loader.usefulness.values()) == {1.0}
+    assert "starts afresh" in caplog.text

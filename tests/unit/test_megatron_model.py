@@ -404,3 +404,51 @@ def test_optimizer_step_on_cpu_matches_torch_adamw(pair, distributed_optimizer):
     got = megatron_to_hf([[{k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}]], hf.config)
     for key, value in want.items():
         torch.testing.assert_close(got[key], value, atol=1e-5, rtol=0, msg=lambda m, key=key: f"{key}: {m}")
+
+
+@pytest.mark.parametrize(
+    ("sq", "sk", "groups", "masked"),
+    [(6, 6, 1, False), (6, 6, 3, False), (1, 7, 3, False), (5, 5, 3, True)],
+    ids=["causal", "causal_gqa", "decode_step", "given_mask"],
+)
+def test_sdpa_core_attention_equals_megatrons_dot_product_attention(parallel, sq, sk, groups, masked):
+    """The SDPA core attention of the local spec against megatron's own unfused DotProductAttention,
+    same constructor, same inputs: causal, grouped-query heads, a one-token decode step against a
+    longer cache, and a given boolean mask (True = masked out) with a fully masked row."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from nemo_azr.models.megatron.builder import transformer_config_from_hf
+    from nemo_azr.models.megatron.sdpa_attention import SDPACoreAttention
+
+    heads, dim, b = 6, 4, 2
+    config = transformer_config_from_hf(
+        _tiny_hf_config(heads=heads, kv_heads=heads // groups, head_dim=dim), LAYOUT
+    )
+    kwargs = dict(config=config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+    ref, sdpa = DotProductAttention(**kwargs).eval(), SDPACoreAttention(**kwargs).eval()
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(sq, b, heads, dim, generator=g)
+    k = torch.randn(sk, b, heads // groups, dim, generator=g)
+    v = torch.randn(sk, b, heads // groups, dim, generator=g)
+    mask = None
+    if masked:
+        mask = torch.rand(b, 1, sq, sk, generator=g) > 0.6
+        mask[0, 0, 2] = True  # one query row sees nothing
+    want, got = ref(q, k, v, mask), sdpa(q, k, v, mask)
+    assert got.shape == want.shape == (sq, b, heads * dim)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _tiny_hf_config(*, heads: int, kv_heads: int, head_dim: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=64,
+        hidden_size=heads * head_dim,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=64,
+    )

@@ -5,8 +5,9 @@ RoPE with the HF ``rope_theta`` (rotate-half layout), grouped-query attention, n
 Qwen2's QKV bias, tied input/output embeddings when the HF config ties them, and no lookup gradient
 for the ``pad_token_id`` row (transformers' ``padding_idx``: :func:`_pad_lookup_without_grad`).
 Weights are created on the CPU (``use_cpu_initialization``) so a TP=2 model starts from the same
-weights as TP=1. The layer spec is megatron-core's local one; TransformerEngine's only when it is
-importable and CUDA is there.
+weights as TP=1. The layer spec is megatron-core's local one with the core attention by torch's
+SDPA (:mod:`nemo_azr.models.megatron.sdpa_attention`); TransformerEngine's only when it is importable
+and CUDA is there.
 """
 
 from __future__ import annotations
@@ -191,12 +192,29 @@ class SequenceParallelRMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
+def _with_sdpa_attention(spec):
+    """The local layer spec with its core attention computed by torch's SDPA (sdpa_attention.py)."""
+    from nemo_azr.models.megatron.sdpa_attention import SDPACoreAttention
+
+    attention = spec.submodules.self_attention
+    return dataclasses.replace(
+        spec,
+        submodules=dataclasses.replace(
+            spec.submodules,
+            self_attention=dataclasses.replace(
+                attention,
+                submodules=dataclasses.replace(attention.submodules, core_attention=SDPACoreAttention),
+            ),
+        ),
+    )
+
+
 def _layer_spec(use_te: bool, config: Any, vp_stage: int | None):
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = _with_sdpa_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm"))
     if not config.sequence_parallel:
         return spec
     from megatron.core.transformer.transformer_block import (
