@@ -124,6 +124,11 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         f"generation.dtype={cfg.generation.dtype!r} is not one of: '' (model.dtype), {', '.join(DTYPES)}",
     )
     _one_of("generation.decode", cfg.generation.decode, ("auto", "dynamic", "static"))
+    _require(
+        cfg.generation.decode == "auto" or cfg.generation.backend == "hf",
+        f"generation.decode={cfg.generation.decode} is the hf backend's decode loop; generation.backend="
+        f"{cfg.generation.backend} decodes its own way (leave generation.decode=auto)",
+    )
     _one_of("data.curriculum", cfg.data.curriculum, ("none", "feedback"))
     _require(
         cfg.data.curriculum_floor > 0 and 0 <= cfg.data.curriculum_decay < 1,

@@ -280,7 +280,9 @@ def backend_kwargs(gen_cfg) -> dict:
     """Constructor keyword arguments of a generation backend from ``cfg.generation``."""
     if gen_cfg.backend == "trtllm":  # the engine's keys live under generation.trtllm
         return {"cfg": gen_cfg}
-    kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size, "decode": gen_cfg.decode}
+    kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
+    if gen_cfg.backend == "hf":  # its decode loop (megatron decodes with megatron's own)
+        kwargs["decode"] = gen_cfg.decode
     if gen_cfg.dtype:
         kwargs["dtype"] = getattr(torch, gen_cfg.dtype)
     return kwargs

@@ -136,3 +136,14 @@ def test_grouped_query_decode_attention_equals_repeated_heads_sdpa(q, bool_mask)
     rep_k, rep_v = key.repeat_interleave(h // kv, dim=1), value.repeat_interleave(h // kv, dim=1)
     want = torch.nn.functional.scaled_dot_product_attention(query, rep_k, rep_v, attn_mask=visible, scale=0.7)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_decode_is_refused_for_a_backend_that_decodes_its_own_way():
+    from nemo_azr.config.loader import load_config
+    from nemo_azr.rollout.hf_backend import backend_kwargs
+
+    with pytest.raises(ConfigError, match="generation.decode=static is the hf backend's decode loop"):
+        load_config(["model=megatron", "generation.backend=megatron", "generation.decode=static"])
+    megatron = load_config(["model=megatron", "generation.backend=megatron"]).generation
+    assert "decode" not in backend_kwargs(megatron)  # megatron's backend takes no such argument
+    assert backend_kwargs(load_config(["generation.decode=dynamic"]).generation)["decode"] == "dynamic"
