@@ -34,16 +34,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nemo_azr.kernels import linear_token_logprobs, token_logprobs  # noqa: E402
+from nemo_azr.trainer.flops import device_peak_flops  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCABS = {"smollm2": (49152, 576), "llama3": (128256, 2048), "qwen2": (151936, 896)}
-#: Peak HBM bandwidth (bytes/s) and dense bf16 tensor FLOP/s by device name (vendor data sheets, SXM).
-PEAKS = {"H200": (4.8e12, 989e12), "H100": (3.35e12, 989e12), "A100": (2.0e12, 312e12)}
+#: Peak HBM bandwidth (bytes/s) by device name (vendor data sheets, SXM); the bf16 FLOP/s peak is the
+#: trainer's own table (nemo_azr.trainer.flops.PEAK_BF16_FLOPS), the one its MFU uses.
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
 
 
 def _peaks() -> tuple[float, float]:
+    """(HBM bytes/s, dense bf16 FLOP/s) of this GPU; nan where a table does not list it."""
     name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAKS.items() if k in name), (float("nan"), float("nan")))
+    bandwidth = next((v for k, v in HBM_BYTES_PER_S.items() if k in name), float("nan"))
+    return bandwidth, device_peak_flops("cuda") or float("nan")
 
 
 def _time(fn, reps: int, *args) -> tuple[float, float]:
@@ -190,6 +194,18 @@ def linear(rows: int, reps: int, flops_peak: float) -> dict:
     return out
 
 
+def _impl_table(title: str, part: dict, lead: list[str], headers: list[str], fields: list[str]) -> list[str]:
+    """A section with one row per (vocabulary, implementation); a failed implementation shows its error."""
+    lines = [f"## {title}", "", "| " + " | ".join([*lead, "impl", *headers]) + " |"]
+    lines.append("| " + " | ".join(["---"] * (len(lead) + 1 + len(headers))) + " |")
+    for name, r in part.items():
+        cells = [f"{name} {r['vocab']}", *(str(r[k]) for k in lead[1:])]
+        for impl, v in r["impls"].items():
+            values = [v["error"], *[""] * (len(fields) - 1)] if "error" in v else [str(v[f]) for f in fields]
+            lines.append("| " + " | ".join([*cells, impl, *values]) + " |")
+    return [*lines, ""]
+
+
 def _markdown(result: dict) -> str:
     lines = [
         "# Log-prob kernels on a GPU: Triton vs torch vs naive vs Liger",
@@ -201,40 +217,35 @@ def _markdown(result: dict) -> str:
         "",
     ]
     if "logprobs" in result:
-        lines += [
-            "## Log-probs from given logits",
-            "",
-            "| vocab | impl | fwd ms | fwd extra GiB | fwd % HBM roofline | fwd+bwd ms | fwd+bwd extra GiB | "
-            "fwd+bwd % roofline |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for name, r in result["logprobs"].items():
-            for impl, v in r["impls"].items():
-                if "error" in v:
-                    lines.append(f"| {name} {r['vocab']} | {impl} | {v['error']} | | | | | |")
-                    continue
-                lines.append(
-                    f"| {name} {r['vocab']} | {impl} | {v['fwd_ms']} | {v['fwd_extra_gib']} | {v['fwd_roofline_pct']} "
-                    f"| {v['fwd_bwd_ms']} | {v['fwd_bwd_extra_gib']} | {v['fwd_bwd_roofline_pct']} |"
-                )
-        lines.append("")
+        lines += _impl_table(
+            "Log-probs from given logits",
+            result["logprobs"],
+            ["vocab"],
+            [
+                "fwd ms",
+                "fwd extra GiB",
+                "fwd % HBM roofline",
+                "fwd+bwd ms",
+                "fwd+bwd extra GiB",
+                "fwd+bwd % roofline",
+            ],
+            [
+                "fwd_ms",
+                "fwd_extra_gib",
+                "fwd_roofline_pct",
+                "fwd_bwd_ms",
+                "fwd_bwd_extra_gib",
+                "fwd_bwd_roofline_pct",
+            ],
+        )
     if "linear" in result:
-        lines += [
-            "## Log-probs from hidden states and the LM head, forward + backward",
-            "",
-            "| vocab | hidden | impl | ms | extra GiB | useful TFLOP/s | % bf16 peak |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for name, r in result["linear"].items():
-            for impl, v in r["impls"].items():
-                if "error" in v:
-                    lines.append(f"| {name} {r['vocab']} | {r['hidden']} | {impl} | {v['error']} | | | |")
-                    continue
-                lines.append(
-                    f"| {name} {r['vocab']} | {r['hidden']} | {impl} | {v['fwd_bwd_ms']} | {v['extra_gib']} "
-                    f"| {v['useful_tflops']} | {v['pct_of_bf16_peak']} |"
-                )
-        lines.append("")
+        lines += _impl_table(
+            "Log-probs from hidden states and the LM head, forward + backward",
+            result["linear"],
+            ["vocab", "hidden"],
+            ["ms", "extra GiB", "useful TFLOP/s", "% bf16 peak"],
+            ["fwd_bwd_ms", "extra_gib", "useful_tflops", "pct_of_bf16_peak"],
+        )
     if "tune" in result:
         lines += ["## Triton stats kernel: column tile x warps (forward ms)", ""]
         for name, r in result["tune"].items():

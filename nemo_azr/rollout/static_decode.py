@@ -126,7 +126,6 @@ class _DecodeState:
         b, length = key.bucket, key.cache_len
         dev = vocab_device
         self.cache = StaticCache(config=model.config, max_cache_len=length)
-        self.initialized = False
         bool_mask = model.config._attn_implementation == "sdpa"
         self.mask_dtype = torch.bool if bool_mask else next(model.parameters()).dtype
         self.hidden_value = False if bool_mask else torch.finfo(self.mask_dtype).min
@@ -237,8 +236,7 @@ class StaticDecoder:
         )
         st = self._state_for(key, attn.device)
         self._load_prompt(st, past, attn, next_pos, b, width)
-        st.tokens = st.tokens if st.tokens is not None and st.tokens.shape[1] >= steps else None
-        if st.tokens is None:
+        if st.tokens is None or st.tokens.shape[1] < steps:
             st.graph = None  # the output buffers the graph wrote into are gone
             st.tokens = torch.full((key.bucket, steps), pad_id, dtype=torch.long, device=attn.device)
             st.logps = torch.zeros((key.bucket, steps), dtype=torch.float32, device=attn.device)

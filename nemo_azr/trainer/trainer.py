@@ -195,13 +195,18 @@ class Trainer:
         self.last_samples: list[dict] = []  # the last step's sample texts (logger.samples_per_step)
         self._reward_error_reported = False
         # MFU per step (throughput/mfu): the policy's shape from its HF config, the device's peak
-        hf_config = getattr(self.policy, "hf_config", None) or self.policy.model.config
         try:
-            self._model_shape: ModelShape | None = ModelShape.from_hf_config(hf_config)
+            self._model_shape: ModelShape | None = ModelShape.from_hf_config(self._policy_hf_config())
         except AttributeError:  # a config without the usual decoder fields: no FLOP count, no MFU
             self._model_shape = None
         self._peak_flops = device_peak_flops(self.device)
         self._last_flops: dict[str, float] | None = None
+
+    def _policy_hf_config(self):
+        """The policy's transformers config (a megatron policy's ``.model.config`` is megatron's; it
+        keeps the HF one as ``.hf_config``)."""
+        hf_config = getattr(self.policy, "hf_config", None)
+        return self.policy.model.config if hf_config is None else hf_config
 
     def _optimizer_steps_total(self, model=None) -> int:
         """Optimizer steps of the whole run for ``model`` (the policy, or the critic with its own
@@ -325,9 +330,7 @@ class Trainer:
         if not cfg_file.is_file():
             raise CheckpointError(f"{folder} is not a complete checkpoint (model/config.json missing)")
         saved = json.loads(cfg_file.read_text())
-        # A megatron policy's .model.config is megatron's; its HF config is kept as .hf_config.
-        hf_config = getattr(self.policy, "hf_config", None)
-        current = (self.policy.model.config if hf_config is None else hf_config).to_dict()
+        current = self._policy_hf_config().to_dict()
         diff = [
             f"{k}: checkpoint {saved.get(k)} vs model {current.get(k)}"
             for k in _SHAPE_KEYS
