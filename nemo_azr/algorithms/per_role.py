@@ -19,9 +19,21 @@ from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS
 
 
-def role_split_estimator(estimators: Mapping[str, str]) -> EstimatorFn:
-    """An estimator ``fn(batch, cfg)`` that applies ``estimators[role]`` to each role's rows."""
+def role_split_estimator(
+    estimators: Mapping[str, str], scales: Mapping[str, float] | None = None
+) -> EstimatorFn:
+    """An estimator ``fn(batch, cfg)`` that applies ``estimators[role]`` to each role's rows.
+
+    ``scales[role]`` (default 1.0) multiplies that role's advantages after its estimator ran: with
+    one shared model and one learning rate it sets how fast each role's policy moves (the returns a
+    critic learns from are left as they are)."""
     fns = {role: ADVANTAGE_ESTIMATORS.get(name) for role, name in estimators.items()}
+    scales = dict(scales or {})
+    unknown_scaled = sorted(set(scales) - set(fns))
+    if unknown_scaled:
+        raise ConfigError(
+            f"advantage scales for role(s) {unknown_scaled} with no estimator; roles: {sorted(fns)}"
+        )
     for role, fn in fns.items():
         if getattr(fn, "needs_greedy_baseline", False):
             raise ConfigError(
@@ -46,7 +58,7 @@ def role_split_estimator(estimators: Mapping[str, str]) -> EstimatorFn:
                 continue
             adv, ret = fn(batch.index(rows), cfg)
             index = torch.as_tensor(rows, dtype=torch.long)
-            advantages[index] = adv.to(advantages.dtype)
+            advantages[index] = adv.to(advantages.dtype) * float(scales.get(role, 1.0))
             if ret is not None:
                 returns = torch.zeros_like(advantages) if returns is None else returns
                 returns[index] = ret.to(returns.dtype)

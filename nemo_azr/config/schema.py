@@ -255,6 +255,10 @@ class DataConfig:
     curriculum: str = "none"
     curriculum_floor: float = 0.1
     curriculum_decay: float = 0.7
+    # {kind: weight}: prompts drawn (distinct, seeded, resumable) with this weight by Example.meta["kind"]
+    # (arithmetic: addition | subtraction | multiplication; synthetic_qa: its kinds); 1.0 for a kind
+    # not named; {} = plain epochs. The held-out eval split is not affected
+    kind_weights: dict[str, float] = field(default_factory=dict)
     system_prompt: str = ""  # "" -> the chat template's own default system prompt, if it has one
     # Example exchanges placed between the system prompt and the question, rendered by the chat
     # template: [{role: user, content: ...}, {role: assistant, content: ...}, ...]. A small instruct
@@ -481,6 +485,10 @@ class AbsoluteZeroConfig:
     # proposer rows also train on this x how close the group's best question came to the band (1.0
     # inside it; learnability.band_closeness); 0 = the seeds' binary reward
     proposer_band_reward_weight: float = 0.0
+    # multiply each role's advantages after its estimator (1.0 = the seeds' joint update): with one
+    # shared model and learning rate they set how fast each role moves (docs/selfplay.md, run 7)
+    solver_advantage_scale: float = 1.0
+    proposer_advantage_scale: float = 1.0
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"

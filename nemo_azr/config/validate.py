@@ -535,6 +535,8 @@ def _validate_absolute_zero(cfg: NemoAzrConfig) -> None:
         "proposer_reward_weight",
         "proposer_format_reward_weight",
         "proposer_band_reward_weight",
+        "solver_advantage_scale",
+        "proposer_advantage_scale",
     ):
         _require(getattr(az, key) >= 0, f"absolute_zero.{key} must be >= 0, got {getattr(az, key)}")
     _require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")

@@ -68,6 +68,10 @@ class AbsoluteZeroWorkflow:
         # Solver rows are grouped per question by the run's estimator; proposer rows (one group per
         # batch) by ``proposer_estimator``.
         self.role_estimators = {"solver": cfg.algorithm.estimator, "proposer": self.az.proposer_estimator}
+        self.role_advantage_scales = {
+            "solver": self.az.solver_advantage_scale,
+            "proposer": self.az.proposer_advantage_scale,
+        }
         self._judge: LLMJudge | None = None
         self._judge_metrics: dict[str, float] = {}
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)

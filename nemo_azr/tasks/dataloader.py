@@ -2,7 +2,8 @@
 
 Each epoch's order is a permutation drawn from a generator seeded with ``seed + epoch``, so the
 order depends only on (seed, epoch) and a resumed run continues exactly where it stopped.
-:class:`FeedbackCurriculumLoader` (``data.curriculum=feedback``) instead samples each batch by how
+:class:`WeightedPromptLoader` (``data.kind_weights``) draws each batch with a fixed weight per kind of
+question; :class:`FeedbackCurriculumLoader` (``data.curriculum=feedback``) samples each batch by how
 useful each prompt's last rollouts were (``PROMPT_FEEDBACK``), its state saved with the position.
 """
 
@@ -88,7 +89,66 @@ class PromptLoader:
         self._order = self._epoch_order(epoch)
 
 
-class FeedbackCurriculumLoader(PromptLoader):
+def kind_weight_vector(examples: Sequence[Example], kind_weights: dict[str, float]) -> torch.Tensor:
+    """Per-example draw weight from ``data.kind_weights`` (``Example.meta["kind"]``; 1.0 for a kind not
+    named). A named kind the task does not have, or a weight <= 0, is a config error."""
+    kinds = {str(e.meta.get("kind", "")) for e in examples}
+    unknown = sorted(set(kind_weights) - kinds)
+    if unknown:
+        known = ", ".join(sorted(k for k in kinds if k)) or "none (this task's examples have no kind)"
+        raise ConfigError(
+            f"data.kind_weights names kind(s) {unknown} the task does not have; its kinds: {known}"
+        )
+    bad = {k: v for k, v in kind_weights.items() if not float(v) > 0}
+    if bad:
+        raise ConfigError(f"data.kind_weights must be > 0 for every kind named, got {bad}")
+    return torch.tensor([float(kind_weights.get(str(e.meta.get("kind", "")), 1.0)) for e in examples])
+
+
+class WeightedPromptLoader(PromptLoader):
+    """Batches drawn (distinct while there are enough prompts, seeded by the draw count, so a resumed
+    run continues exactly) with a fixed weight per prompt: ``data.kind_weights`` gives a kind of
+    question a larger share of the steps than its share of the data, e.g. a hard operation whose
+    groups rarely carry a learning signal (docs/real_model.md)."""
+
+    def __init__(
+        self, examples: Sequence[Example], batch_size: int, *, seed: int, weights: torch.Tensor
+    ) -> None:
+        super().__init__(examples, batch_size, shuffle=True, seed=seed)
+        if weights.shape != (len(self.examples),) or not bool((weights > 0).all()):
+            raise ConfigError("prompt weights must be one positive number per example")
+        self.base_weights = weights.to(torch.float64)
+        self.draws = 0
+
+    def weights(self) -> torch.Tensor:
+        return self.base_weights
+
+    def next_batch(self) -> list[Example]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
+        self.draws += 1
+        distinct = self.batch_size <= len(self.examples)
+        picks = torch.multinomial(
+            self.weights(), self.batch_size, replacement=not distinct, generator=generator
+        )
+        return [self.examples[i] for i in picks.tolist()]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "draws": self.draws}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if "draws" not in state:
+            log.warning(
+                "the checkpoint's prompt loader drew no weighted batches: the weighted draws start afresh"
+            )
+            return
+        try:
+            self.draws = int(state["draws"])
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"prompt loader draw count is malformed: {state['draws']!r}") from exc
+
+
+class FeedbackCurriculumLoader(WeightedPromptLoader):
     """Batches drawn by usefulness: prompt ``i`` is drawn with weight ``floor + u_i``, where ``u_i`` is an
     exponential moving average (``decay``) of the feedback its rollouts got (1.0 before any: every
     prompt is tried before the curriculum narrows). Distinct prompts per batch while there are enough.
@@ -99,22 +159,26 @@ class FeedbackCurriculumLoader(PromptLoader):
     """
 
     def __init__(
-        self, examples: Sequence[Example], batch_size: int, *, seed: int, floor: float, decay: float
+        self,
+        examples: Sequence[Example],
+        batch_size: int,
+        *,
+        seed: int,
+        floor: float,
+        decay: float,
+        weights: torch.Tensor | None = None,
     ) -> None:
-        super().__init__(examples, batch_size, shuffle=True, seed=seed)
+        base = torch.ones(len(examples)) if weights is None else weights
+        super().__init__(examples, batch_size, seed=seed, weights=base)
         if floor <= 0 or not 0 <= decay < 1:
             raise ConfigError(f"curriculum floor must be > 0 and decay in [0, 1), got {floor} and {decay}")
         self.floor, self.decay = floor, decay
         self.usefulness = {e.prompt_id: 1.0 for e in self.examples}
-        self.draws = 0
 
-    def next_batch(self) -> list[Example]:
-        weights = torch.tensor([self.floor + self.usefulness[e.prompt_id] for e in self.examples])
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
-        self.draws += 1
-        distinct = self.batch_size <= len(self.examples)
-        picks = torch.multinomial(weights, self.batch_size, replacement=not distinct, generator=generator)
-        return [self.examples[i] for i in picks.tolist()]
+    def weights(self) -> torch.Tensor:
+        """``data.kind_weights`` x (floor + usefulness)."""
+        usefulness = torch.tensor([self.floor + self.usefulness[e.prompt_id] for e in self.examples])
+        return self.base_weights * usefulness.to(torch.float64)
 
     def record(self, feedback: dict[str, float]) -> None:
         for prompt_id, value in feedback.items():
@@ -130,7 +194,7 @@ class FeedbackCurriculumLoader(PromptLoader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the saved curriculum; a state saved without one (the curriculum switched on at a
         resume, e.g. from a warm-up checkpoint) starts it afresh, with a warning."""
-        super().load_state_dict(state)
+        PromptLoader.load_state_dict(self, state)
         if "draws" not in state and "usefulness" not in state:
             log.warning(
                 "the checkpoint's prompt loader had no curriculum: data.curriculum=feedback starts afresh"
@@ -151,7 +215,10 @@ class FeedbackCurriculumLoader(PromptLoader):
 
 
 def build_prompt_loader(examples: Sequence[Example], data_cfg, seed: int) -> PromptLoader:
-    """The loader ``cfg.data`` asks for: plain epochs, or the feedback curriculum."""
+    """The loader ``cfg.data`` asks for: plain epochs, draws weighted by kind, or the feedback
+    curriculum (weighted by kind too when ``data.kind_weights`` is set)."""
+    kind_weights = dict(data_cfg.kind_weights or {})
+    weights = kind_weight_vector(examples, kind_weights) if kind_weights else None
     if data_cfg.curriculum == "feedback":
         return FeedbackCurriculumLoader(
             examples,
@@ -159,5 +226,8 @@ def build_prompt_loader(examples: Sequence[Example], data_cfg, seed: int) -> Pro
             seed=seed,
             floor=data_cfg.curriculum_floor,
             decay=data_cfg.curriculum_decay,
+            weights=weights,
         )
+    if weights is not None:
+        return WeightedPromptLoader(examples, data_cfg.prompts_per_step, seed=seed, weights=weights)
     return PromptLoader(examples, data_cfg.prompts_per_step, shuffle=data_cfg.shuffle, seed=seed)

@@ -174,7 +174,7 @@ class Trainer:
         self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
         role_estimators = getattr(self.workflow, "role_estimators", None)
         self.estimator = (
-            role_split_estimator(role_estimators)
+            role_split_estimator(role_estimators, getattr(self.workflow, "role_advantage_scales", None))
             if role_estimators
             else ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
         )

@@ -12,6 +12,7 @@ import torch
 from nemo_azr.algorithms.per_role import role_split_estimator
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import fields as F
+from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.base import SamplingParams
 from nemo_azr.selfplay import AbsoluteZeroWorkflow
@@ -175,6 +176,21 @@ def test_per_role_advantages_normalise_proposers_across_the_batch(tokenizer):
     got = torch.stack([adv[i][batch[F.LOSS_MASK][i].bool()][0] for i in s_rows])
     assert torch.allclose(got, exp, atol=1e-5)
     assert (adv[batch[F.LOSS_MASK] == 0] == 0).all()
+
+
+def test_role_advantage_scales_multiply_each_roles_normalised_advantages(tokenizer):
+    plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [MIXED]}
+    batch, _, cfg = run_step(tokenizer, plans, max_repropose_attempts=0)
+    plain, _ = role_split_estimator({"solver": "grpo", "proposer": "grpo"})(batch, cfg.algorithm)
+    scaled, _ = role_split_estimator(
+        {"solver": "grpo", "proposer": "grpo"}, {"solver": 0.25, "proposer": 2.0}
+    )(batch, cfg.algorithm)
+    for i, role in enumerate(batch[F.ROLE]):
+        factor = 0.25 if role == "solver" else 2.0
+        assert torch.allclose(scaled[i], plain[i] * factor)
+    assert plain.abs().sum() > 0  # both roles had non-zero advantages to scale
+    with pytest.raises(ConfigError, match="critic"):
+        role_split_estimator({"solver": "grpo"}, {"critic": 0.5})
 
 
 def test_aligned_proposer_rows_follow_seed_001_alignment(tokenizer):
