@@ -238,7 +238,7 @@ def _first_prompt_ids(tokenizer, task) -> list[int]:
 def run_ours(args, st: Setting) -> dict:
     import torch
 
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.registry import GENERATION_BACKENDS
     from nemo_azr.trainer.trainer import Trainer
 

@@ -103,7 +103,7 @@ def table(pairs: list[tuple[bool, bool]], row_name: str, col_name: str) -> tuple
 def run(args) -> None:
     import torch
 
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.rewards.judge import build_judge
 
     cfg = load_config([f"experiment={args.experiment}", *args.overrides])

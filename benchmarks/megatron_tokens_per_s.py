@@ -68,7 +68,7 @@ def build_model(folder: Path, shape: dict, dtype: torch.dtype) -> Path:
 def synthetic_batch(vocab: int, rows: int, prompt_len: int, response_len: int):
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
-    from nemo_azr.rollout.assemble import pack_prompt_response
+    from nemo_azr.contracts.assemble import pack_prompt_response
 
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, vocab, (prompt_len,), generator=g).tolist() for _ in range(rows)]
@@ -81,7 +81,7 @@ def synthetic_batch(vocab: int, rows: int, prompt_len: int, response_len: int):
 
 
 def config(model_dir: Path, backend: str, dtype: str, micro: int):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
 
     return load_config(
         [

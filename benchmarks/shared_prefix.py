@@ -38,12 +38,12 @@ from real_model import RESULTS_DIR
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nemo_azr.config.loader import load_config  # noqa: E402
 from nemo_azr.contracts import Batch  # noqa: E402
 from nemo_azr.contracts import fields as F  # noqa: E402
+from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
 from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
 from nemo_azr.models.tiny import resolve_model_path  # noqa: E402
-from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
+from nemo_azr.preflight import load_config  # noqa: E402
 from nemo_azr.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
 from nemo_azr.rollout.hf_backend import HFGenerationBackend  # noqa: E402
 

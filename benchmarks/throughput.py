@@ -51,13 +51,13 @@ from real_model import RESULTS_DIR, nemo_azr, read_jsonl, run
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nemo_azr.config.loader import load_config  # noqa: E402
 from nemo_azr.contracts import Batch  # noqa: E402
 from nemo_azr.contracts import fields as F  # noqa: E402
+from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
 from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
 from nemo_azr.models.microbatch import real_lengths  # noqa: E402
 from nemo_azr.models.tiny import resolve_model_path  # noqa: E402
-from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
+from nemo_azr.preflight import load_config  # noqa: E402
 
 UPDATE_CASES = {
     "padded": [],

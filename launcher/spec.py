@@ -161,7 +161,7 @@ def check_partition(cluster: ClusterConfig, partitions: Callable[[], list[str] |
 
 def build_spec(overrides: list[str], *, multirun: bool, chain: int) -> JobSpec:
     """Compose and validate every override set of the submission (trainer checks, then cluster checks)."""
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
 
     if chain < 1:
         raise LaunchError(f"--chain must be >= 1, got {chain}")

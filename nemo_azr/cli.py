@@ -26,7 +26,7 @@ def _train(overrides: list[str]) -> int:
     flag.install()  # before the heavy imports: until now a signal had its default action (death)
     try:
         with flag.phase("start-up", interruptible=True):
-            from nemo_azr.config.loader import load_config
+            from nemo_azr.preflight import load_config
             from nemo_azr.trainer.trainer import Trainer
 
             cfg = load_config(overrides)
@@ -83,15 +83,16 @@ def _fit_and_report(cfg, trainer) -> int:
 
 
 def _show_config(overrides: list[str]) -> int:
-    from nemo_azr.config.loader import load_config, to_yaml
+    from nemo_azr.config.loader import to_yaml
+    from nemo_azr.preflight import load_config
 
     print(to_yaml(load_config(overrides)), end="")
     return 0
 
 
 def _make_tiny_model(overrides: list[str]) -> int:
-    from nemo_azr.config.loader import load_config
     from nemo_azr.models.tiny import ensure_tiny_model
+    from nemo_azr.preflight import load_config
 
     cfg = load_config(overrides)
     print(ensure_tiny_model(cfg.model.tiny))
@@ -108,8 +109,8 @@ def _per_kind(result: dict) -> str:
 
 
 def _eval(overrides: list[str]) -> int:
-    from nemo_azr.config.loader import load_config
-    from nemo_azr.evaluate import run_eval
+    from nemo_azr.evaluation.run import run_eval
+    from nemo_azr.preflight import load_config
 
     result = run_eval(load_config(overrides))
     keys = (
@@ -148,7 +149,7 @@ def _eval(overrides: list[str]) -> int:
 def _plot_selfplay(overrides: list[str]) -> int:
     from pathlib import Path
 
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.selfplay.plot import plot_selfplay
 
     out = Path(load_config(overrides).trainer.output_dir)
@@ -172,9 +173,9 @@ CONVERT_USAGE = (
 def _convert(args: list[str]) -> int:
     from pathlib import Path
 
-    from nemo_azr.config.loader import load_config
     from nemo_azr.errors import ConfigError
     from nemo_azr.models.megatron.convert import hf_to_megatron_checkpoint, megatron_to_hf_checkpoint
+    from nemo_azr.preflight import load_config
 
     directions = {"hf-to-megatron": hf_to_megatron_checkpoint, "megatron-to-hf": megatron_to_hf_checkpoint}
     if len(args) < 3 or args[0] not in directions or any("=" in a for a in args[:3]):

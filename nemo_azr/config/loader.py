@@ -155,19 +155,16 @@ def _reject_unknown_keys(node: DictConfig | ListConfig, prefix: str = "") -> Non
             _reject_unknown_keys(child, path)
 
 
-def load_config(
+def build_config(
     overrides: list[str] | None = None, *, config_name: str = DEFAULT_CONFIG_NAME
 ) -> NemoAzrConfig:
-    """Compose, convert to the dataclass tree, and validate. Raises ConfigError on any problem."""
+    """Compose and convert to the dataclass tree (types and key names checked; the semantic checks
+    are ``nemo_azr.preflight.load_config``'s). Raises ConfigError on any problem."""
     composed = compose_config(overrides, config_name=config_name)
     try:
-        cfg = OmegaConf.to_object(composed)
+        return OmegaConf.to_object(composed)
     except Exception as exc:
         raise ConfigError(_one_line(exc)) from None
-    from nemo_azr.config.validate import validate_config
-
-    validate_config(cfg)
-    return cfg
 
 
 def to_yaml(cfg: NemoAzrConfig | DictConfig) -> str:

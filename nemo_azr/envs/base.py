@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from nemo_azr.contracts.task import Example
 from nemo_azr.errors import NemoAzrError
-from nemo_azr.tasks.base import Example
 
 #: Why an episode ended (``EnvOutput.info["end_reason"]`` / the rollout's per-row meta).
 END_DONE = "done"  # the env said the task is over (the model finished or refused)

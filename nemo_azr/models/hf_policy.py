@@ -21,6 +21,7 @@ from nemo_azr.algorithms.objective import policy_objective
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.assemble import position_ids_from_mask
 from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
 from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
@@ -30,7 +31,6 @@ from nemo_azr.models.packing import packed_decoder_forward
 from nemo_azr.models.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
 from nemo_azr.models.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
 from nemo_azr.registry import POLICY_BACKENDS
-from nemo_azr.rollout.assemble import position_ids_from_mask
 
 hf_logging.disable_progress_bar()
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from nemo_azr.contracts.assemble import position_ids_from_mask
 from nemo_azr.errors import BatchContractError
 from nemo_azr.models.microbatch import token_budget_groups
-from nemo_azr.rollout.assemble import position_ids_from_mask
 
 
 def pack_layout(lengths: list[int]) -> tuple[int, int, list[int]]:

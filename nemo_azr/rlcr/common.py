@@ -11,7 +11,7 @@ import torch
 from nemo_azr.config.schema import RLCRConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
-from nemo_azr.rollout.assemble import pack_prompt_response
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.rollout.base import Sample
 
 #: Per-row meta the RLCR workflows add (besides the contract's ids): the answer's accuracy, the

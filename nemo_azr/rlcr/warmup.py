@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import random
 
+from nemo_azr.contracts.task import Example
 from nemo_azr.errors import ConfigError
-from nemo_azr.tasks.base import Example
 
 CONFIDENCE_GRID = tuple(round(0.1 * k, 1) for k in range(1, 10))  # 0.1 .. 0.9
 ANALYSIS_TEXTS = ("I check the sum.", "I am not sure.", "The steps look right.")

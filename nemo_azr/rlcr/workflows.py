@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+from nemo_azr.contracts.task import Task
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rlcr.common import rlcr_settings
 from nemo_azr.rlcr.single_turn import SingleTurnRLCRWorkflow
 from nemo_azr.rlcr.two_turn import TwoTurnRLCRWorkflow
-from nemo_azr.tasks.base import Task
 
 RLCR_WORKFLOWS = ("rlcr", "rlcr_two_turn", "rlcr_single_turn")
 

@@ -40,7 +40,7 @@ class MegatronGenerationBackend:
 
         if not hasattr(policy, "chunks"):
             raise ConfigError("generation.backend=megatron needs model.backend=megatron")
-        # Sequence parallelism and virtual pipeline stages are refused at start (config/validate.py).
+        # Sequence parallelism and virtual pipeline stages are refused at start (nemo_azr/preflight.py).
         self.pipelined = ps.get_pipeline_model_parallel_world_size() > 1
         self.policy = policy
         self.model = policy.chunks[0]

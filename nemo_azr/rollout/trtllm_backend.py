@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from nemo_azr.contracts import Batch
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import GENERATION_BACKENDS
-from nemo_azr.rollout.assemble import pack_prompt_response
 from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
 from nemo_azr.rollout.trtllm_weights import (
     RefitError,

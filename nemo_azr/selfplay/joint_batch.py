@@ -33,7 +33,7 @@ import torch
 
 from nemo_azr.contracts import Batch, Role, SampleType
 from nemo_azr.contracts import fields as F
-from nemo_azr.rollout.assemble import pack_prompt_response
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.rollout.multi_step import Episode
 from nemo_azr.selfplay.learnability import GroupFilterResult, proposer_reward
 from nemo_azr.selfplay.proposer import Proposal

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts.task import Example, Task
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.errors import DataError
 from nemo_azr.registry import ENVIRONMENTS
-from nemo_azr.tasks.base import Example, Task
 
 
 class SelfPlaySeedTask(Task):

@@ -24,6 +24,7 @@ import torch
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.schema import PROMPT_FEEDBACK
+from nemo_azr.contracts.task import Example, Task
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rewards.evaluators import EpisodeScores, score_episodes
@@ -41,8 +42,7 @@ from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_bat
 from nemo_azr.selfplay.learnability import QuestionScores, filter_group
 from nemo_azr.selfplay.metrics import filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
-from nemo_azr.tasks.base import Example, Task
-from nemo_azr.trainer.seeding import step_seed
+from nemo_azr.utils.seeding import step_seed
 
 FILTER_RNG_SALT = 6007  # the learnable-question sampling RNG of a step
 TEMPLATE_RNG_SALT = 6011  # templated groups (enable_task_proposal: false)

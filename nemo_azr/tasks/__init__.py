@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 from nemo_azr.config.schema import DataConfig
+from nemo_azr.contracts.task import Example, Task
 from nemo_azr.errors import DataError
 from nemo_azr.registry import TASKS
 from nemo_azr.tasks import arithmetic, jsonl, synthetic_qa  # noqa: F401  (registration)
-from nemo_azr.tasks.base import Example, Task
 
 __all__ = ["SPLITS", "Example", "Task", "build_task", "split_examples"]
 

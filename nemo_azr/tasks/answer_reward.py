@@ -3,13 +3,13 @@ a reply earned no answer (the ``ExplainsRewards`` capability the reward stage co
 
 from __future__ import annotations
 
+from nemo_azr.contracts.task import Example
 from nemo_azr.rewards.accuracy import accuracy_with_reason
 from nemo_azr.rewards.answer_extraction import REJECTIONS
-from nemo_azr.tasks.base import Example
 
 
 class AnswerReward:
-    """Mixin for a :class:`~nemo_azr.tasks.base.Task`: ``reward`` and ``answer_rejection`` from one
+    """Mixin for a :class:`~nemo_azr.contracts.task.Task`: ``reward`` and ``answer_rejection`` from one
     reading of the reply (the question lets a reply that restates its expression be read)."""
 
     def reward(self, example: Example, response_text: str) -> float:

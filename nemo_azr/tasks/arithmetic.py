@@ -11,10 +11,10 @@ from functools import cache
 from pathlib import Path
 
 from nemo_azr.config.schema import DataConfig
+from nemo_azr.contracts.task import Example, Task
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import TASKS
 from nemo_azr.tasks.answer_reward import AnswerReward
-from nemo_azr.tasks.base import Example, Task
 
 OPERATIONS: dict[str, Callable[[int, int], int]] = {
     "+": operator.add,

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from nemo_azr.contracts.task import Example
 from nemo_azr.errors import CheckpointError, ConfigError, DataError
-from nemo_azr.tasks.base import Example
 
 log = logging.getLogger(__name__)
 

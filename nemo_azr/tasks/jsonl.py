@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from nemo_azr.config.schema import DataConfig
+from nemo_azr.contracts.task import Example, Task
 from nemo_azr.errors import DataError
 from nemo_azr.registry import TASKS
 from nemo_azr.tasks.answer_reward import AnswerReward
-from nemo_azr.tasks.base import Example, Task
 
 REQUIRED_FIELDS = ("question", "answer")
 ID_FIELD = "id"

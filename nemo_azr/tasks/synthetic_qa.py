@@ -19,10 +19,10 @@ from __future__ import annotations
 import random
 
 from nemo_azr.config.schema import DataConfig
+from nemo_azr.contracts.task import Example, Task
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import TASKS
 from nemo_azr.tasks.answer_reward import AnswerReward
-from nemo_azr.tasks.base import Example, Task
 
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Eva", "Ben", "Lily", "Noah")
 ITEMS = ("apples", "stickers", "marbles", "books", "coins", "cards", "shells", "pencils", "stamps", "beads")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nemo_azr.contracts import Batch
-from nemo_azr.trainer.seeding import seed_everything, step_seed
+from nemo_azr.utils.seeding import seed_everything, step_seed
 
 #: Seconds between checks of the stop flag while the producer waits.
 _POLL_S = 0.5

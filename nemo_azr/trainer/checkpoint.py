@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError
-from nemo_azr.trainer.atomic_io import fsync_dir
+from nemo_azr.utils.atomic_io import fsync_dir
 
 COMPLETE_MARKER = "COMPLETE"
 TMP_PREFIX = ".tmp-"

@@ -23,8 +23,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from nemo_azr.config.schema import LoggerConfig
-from nemo_azr.trainer.atomic_io import atomic_write_text, rewrite_lines
 from nemo_azr.trainer.samples import SAMPLES_FILE, format_samples
+from nemo_azr.utils.atomic_io import atomic_write_text, rewrite_lines
 
 CONSOLE_KEYS = ("reward/mean", "actor/pg_loss", "actor/grad_norm", "response/length_mean", "timing/step_s")
 METRICS_FILE = "metrics.jsonl"

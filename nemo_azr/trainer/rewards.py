@@ -10,8 +10,8 @@ import torch
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.capabilities import ExplainsRewards
+from nemo_azr.contracts.task import Task
 from nemo_azr.errors import RewardError
-from nemo_azr.tasks.base import Task
 
 
 def score_batch(batch: Batch, task: Task, *, errors: str = "drop") -> Batch:

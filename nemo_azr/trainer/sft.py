@@ -19,10 +19,10 @@ import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
+from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.task import Task
 from nemo_azr.errors import CheckpointError
-from nemo_azr.rollout.assemble import pack_prompt_response
 from nemo_azr.rollout.single_turn import encode_prompt
-from nemo_azr.tasks.base import Task
 from nemo_azr.tasks.dataloader import PromptLoader
 
 SFT_SEED_SALT = 7907

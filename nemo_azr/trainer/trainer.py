@@ -34,6 +34,7 @@ from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.assemble import rollout_logprob_gap
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE, PROMPT_FEEDBACK
 from nemo_azr.errors import (
     BatchContractError,
@@ -52,7 +53,6 @@ from nemo_azr.registry import (
     POLICY_BACKENDS,
     WORKFLOWS,
 )
-from nemo_azr.rollout.assemble import rollout_logprob_gap
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
@@ -65,7 +65,6 @@ from nemo_azr.trainer.async_rollout import (
     device_of,
     uncorrected_lag_warning,
 )
-from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
 from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics, step_flops
 from nemo_azr.trainer.metrics import MetricsLogger
@@ -73,8 +72,9 @@ from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
 from nemo_azr.trainer.preflight import check_writable, resolve_device
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.samples import select_samples
-from nemo_azr.trainer.seeding import rng_state, seed_everything, set_rng_state, step_seed
 from nemo_azr.trainer.sft import SFTWarmup
+from nemo_azr.utils.atomic_io import atomic_write_text
+from nemo_azr.utils.seeding import rng_state, seed_everything, set_rng_state, step_seed
 
 CHECKPOINT_DIR = "checkpoints"
 #: A checkpoint taken part-way through the supervised warm-up (a preemption) holds its state here.

@@ -16,10 +16,10 @@ if not torch.cuda.is_available():  # before importing megatron-core: CI skips th
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("megatron.core")
 
-from nemo_azr.config.loader import load_config  # noqa: E402
 from nemo_azr.config.schema import TinyModelConfig  # noqa: E402
+from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
 from nemo_azr.models.tiny import ensure_tiny_model  # noqa: E402
-from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
+from nemo_azr.preflight import load_config  # noqa: E402
 
 
 def _te_available() -> bool:

@@ -32,11 +32,11 @@ def run_variant(
     log-probs (``is_in_loss``: no old log-probs in the batch) or they weigh the advantages first,
     with the no-grad log-probs as the old ones (the explicit path)."""
     from nemo_azr.algorithms.off_policy import rollout_is_weights
-    from nemo_azr.config.loader import load_config
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
     from nemo_azr.models.megatron.critic import MegatronCritic
     from nemo_azr.models.megatron.policy import MegatronPolicy
+    from nemo_azr.preflight import load_config
 
     cfg = load_config(overrides)
     policy = MegatronPolicy(model_path, cfg)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 
 def _trainer(spec: dict, extra: list[str], out: Path):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.trainer.trainer import Trainer
 
     cfg = load_config(["model.backend=megatron", *spec["overrides"], *extra, f"trainer.output_dir={out}"])

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 
 def _trainer(spec: dict, *extra: str):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.trainer.trainer import Trainer
 
     return Trainer(load_config([*spec["overrides"], *extra]))

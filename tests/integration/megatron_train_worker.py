@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 
 def main(out_dir: str, overrides: list[str]) -> None:
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.trainer.trainer import Trainer
 
     cfg = load_config(["model.backend=megatron", *overrides])

@@ -5,7 +5,8 @@ import math
 import pytest
 
 from nemo_azr.cli import main
-from nemo_azr.config.loader import config_dir, load_config
+from nemo_azr.config.loader import config_dir
+from nemo_azr.preflight import load_config
 from nemo_azr.trainer.metrics import read_metrics
 from nemo_azr.trainer.trainer import Trainer
 

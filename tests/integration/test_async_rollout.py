@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from nemo_azr.config.loader import load_config
+from nemo_azr.preflight import load_config
 from nemo_azr.trainer.async_rollout import AsyncRollout, Rollout, check_lag
 from nemo_azr.trainer.metrics import read_metrics
 from nemo_azr.trainer.trainer import Trainer

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from nemo_azr.config.loader import load_config
 from nemo_azr.errors import ConfigError, RewardError
+from nemo_azr.preflight import load_config
 from nemo_azr.registry import TASKS
 from nemo_azr.tasks.arithmetic import ArithmeticTask
 from nemo_azr.trainer.metrics import read_metrics

@@ -13,8 +13,8 @@ import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 
-from nemo_azr.config.loader import load_config  # noqa: E402
 from nemo_azr.contracts import Batch  # noqa: E402
+from nemo_azr.preflight import load_config  # noqa: E402
 from nemo_azr.trainer.sft import run_sft_warmup  # noqa: E402
 from nemo_azr.trainer.trainer import Trainer  # noqa: E402
 from tests.integration.torchrun import run_torchrun_worker  # noqa: E402
@@ -60,7 +60,7 @@ def _overrides(cache: str, warm: str) -> list[str]:
 
 
 def _fixed_batch(vocab: int) -> dict[str, torch.Tensor]:
-    from nemo_azr.rollout.assemble import pack_prompt_response
+    from nemo_azr.contracts.assemble import pack_prompt_response
 
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 2, 7, 3)]

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 
-from nemo_azr.config.loader import load_config  # noqa: E402
+from nemo_azr.preflight import load_config  # noqa: E402
 from nemo_azr.trainer.sft import run_sft_warmup  # noqa: E402
 from nemo_azr.trainer.trainer import Trainer  # noqa: E402
 from tests.integration.test_megatron_parallel import GQA_TINY  # noqa: E402

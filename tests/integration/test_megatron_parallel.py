@@ -24,8 +24,8 @@ pytest.importorskip("megatron.core")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from nemo_azr.config.schema import TinyModelConfig  # noqa: E402
+from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
 from nemo_azr.models.tiny import ensure_tiny_model  # noqa: E402
-from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 

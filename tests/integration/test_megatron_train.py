@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 pytest.importorskip("megatron.core")
 
-from nemo_azr.config.loader import load_config  # noqa: E402
 from nemo_azr.errors import ConfigError  # noqa: E402
+from nemo_azr.preflight import load_config  # noqa: E402
 from nemo_azr.trainer.metrics import read_metrics  # noqa: E402
 from nemo_azr.trainer.sft import run_sft_warmup  # noqa: E402
 from nemo_azr.trainer.trainer import Trainer  # noqa: E402
@@ -167,7 +167,7 @@ def test_entropy_bonus_step_matches_hf(hf_steps, warm_model, tiny_cache, tmp_pat
 
 def fixed_batch(vocab: int) -> dict[str, torch.Tensor]:
     """Left-padded prompts and right-padded responses of random tokens (the rollout's layout)."""
-    from nemo_azr.rollout.assemble import pack_prompt_response
+    from nemo_azr.contracts.assemble import pack_prompt_response
 
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 2, 7, 3)]

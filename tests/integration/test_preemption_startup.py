@@ -16,7 +16,7 @@ import signal
 import pytest
 import torch
 
-import nemo_azr.config.loader as config_loader
+import nemo_azr.preflight as config_loader
 from nemo_azr.cli import main as nemo_azr_main
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
@@ -240,7 +240,7 @@ def test_a_stopped_warmup_continues_exactly(tiny_cache, tmp_path):
     targets come from its own random draws: RLCR's deliberately wrong answers and confidences),
     the warm-up takes the same steps as in one go (the arithmetic task's is checked through `fit`
     above)."""
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.trainer.sft import SFTWarmup
 
     cfg = load_config(

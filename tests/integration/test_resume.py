@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from nemo_azr.config.loader import load_config
+from nemo_azr.preflight import load_config
 from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 from nemo_azr.trainer.trainer import Trainer
 

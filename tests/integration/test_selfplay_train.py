@@ -7,7 +7,7 @@ import math
 import pytest
 
 from nemo_azr.cli import main
-from nemo_azr.config.loader import load_config
+from nemo_azr.preflight import load_config
 from nemo_azr.rollout.base import GenerationOutput, Sample
 from nemo_azr.trainer.trainer import Trainer
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nemo_azr.config.loader import load_config
+from nemo_azr.preflight import load_config
 from nemo_azr.trainer.async_rollout import async_generation_mode, device_of
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from nemo_azr.algorithms.value_loss import clipped_value_loss, explained_variance
-from nemo_azr.config.loader import load_config
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError, CheckpointError
 from nemo_azr.models.hf_critic import HFCritic
+from nemo_azr.preflight import load_config
 
 D = torch.float64
 

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
+from nemo_azr.contracts.task import Example
 from nemo_azr.errors import CheckpointError, ConfigError
-from nemo_azr.tasks.base import Example
 from nemo_azr.tasks.dataloader import FeedbackCurriculumLoader, PromptLoader
 
 

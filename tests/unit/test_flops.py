@@ -78,7 +78,7 @@ def test_no_peak_on_cpu():
 
 
 def test_trainer_logs_the_model_flops_rate(tiny_cache, tmp_path):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.trainer.metrics import read_metrics
     from nemo_azr.trainer.trainer import Trainer
 

@@ -7,9 +7,9 @@ import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.assemble import pack_prompt_response
 from nemo_azr.rollout.base import GenerationRequest, SamplingParams
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt

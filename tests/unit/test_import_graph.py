@@ -85,8 +85,76 @@ def test_the_finder_sees_a_cycle_when_there_is_one():
 def test_the_graph_is_the_package():
     graph = _graph()
     assert len(graph) > 100
-    assert "nemo_azr.config.schema" in graph["nemo_azr.config.validate"]
+    assert "nemo_azr.config.schema" in graph["nemo_azr.preflight"]
 
 
 def test_no_import_cycles():
     assert _cycles(_graph()) == []
+
+
+# The layers of docs/architecture.md, lowest first. A package may import its own modules and any package
+# of a lower layer, never one of its own layer or above (so the package graph is a DAG by construction).
+LAYERS: list[set[str]] = [
+    {"errors", "utils"},
+    {"registry"},
+    {"config"},
+    {"contracts"},
+    {"algorithms", "distributed", "envs"},
+    {"kernels"},
+    {"models"},
+    {"rollout"},
+    {"rewards"},
+    {"tasks"},
+    {"rlcr", "selfplay"},
+    {"trainer"},
+    {"evaluation"},
+    {"plugins"},
+    {"preflight"},
+    {"cli"},
+    {"__main__"},
+]
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else module
+
+
+def _layer_of() -> dict[str, int]:
+    return {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
+
+
+def _upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    layer = _layer_of()
+    bad = []
+    for module, targets in graph.items():
+        src = _package(module)
+        for target in targets:
+            dst = _package(target)
+            if src != dst and layer[src] <= layer[dst]:
+                bad.append(f"{module} -> {target}")
+    return sorted(bad)
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(m) for m in _graph() if m != "nemo_azr"}
+    assert packages == set(_layer_of()), (
+        "a package was added or removed: place it in LAYERS and docs/architecture.md"
+    )
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"nemo_azr.config.schema": {"nemo_azr.trainer.trainer"}, "nemo_azr.trainer.trainer": set()}
+    assert _upward_imports(graph) == ["nemo_azr.config.schema -> nemo_azr.trainer.trainer"]
+    sideways = {"nemo_azr.rlcr.a": {"nemo_azr.selfplay.b"}, "nemo_azr.selfplay.b": set()}
+    assert _upward_imports(sideways) == ["nemo_azr.rlcr.a -> nemo_azr.selfplay.b"]
+
+
+def test_packages_import_only_lower_layers():
+    assert _upward_imports(_graph()) == []
+
+
+def test_the_documented_layers_are_the_tested_ones():
+    doc = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
+    documented = [{name.strip(" `") for name in row.split("|")[2].split(",")} for row in rows]
+    assert documented == LAYERS

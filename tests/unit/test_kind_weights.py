@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from nemo_azr.contracts.task import Example
 from nemo_azr.errors import ConfigError
-from nemo_azr.tasks.base import Example
 from nemo_azr.tasks.dataloader import (
     FeedbackCurriculumLoader,
     PromptLoader,

@@ -14,6 +14,7 @@ pytest.importorskip("megatron.core")
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from nemo_azr.config.schema import TinyModelConfig  # noqa: E402
+from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
 from nemo_azr.distributed.parallel import ParallelLayout, destroy_parallel, initialize_parallel  # noqa: E402
 from nemo_azr.errors import ConfigError  # noqa: E402
 from nemo_azr.models.megatron import (  # noqa: E402
@@ -25,7 +26,6 @@ from nemo_azr.models.megatron import (  # noqa: E402
     padded_vocab_size,
 )
 from nemo_azr.models.tiny import ensure_tiny_model  # noqa: E402
-from nemo_azr.rollout.assemble import pack_prompt_response  # noqa: E402
 
 ATOL = 1e-5
 LAYOUT = ParallelLayout()

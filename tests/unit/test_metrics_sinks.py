@@ -14,7 +14,6 @@ import types
 import pytest
 
 from nemo_azr.config.schema import LoggerConfig, WandbConfig
-from nemo_azr.trainer.atomic_io import atomic_write_text
 from nemo_azr.trainer.metrics import (
     FAILED_SINKS_KEY,
     METRICS_FILE,
@@ -23,6 +22,7 @@ from nemo_azr.trainer.metrics import (
     truncate_jsonl,
 )
 from nemo_azr.trainer.samples import SAMPLES_FILE
+from nemo_azr.utils.atomic_io import atomic_write_text
 
 
 def _logger(tmp_path, *, start_step=0, **cfg):
@@ -161,9 +161,9 @@ def test_truncate_keeps_earlier_steps_drops_later_and_torn_lines(tmp_path):
 _CRASH = """
 import os, sys
 from pathlib import Path
-from nemo_azr.trainer import atomic_io
+from nemo_azr.utils import atomic_io
 from nemo_azr.trainer.metrics import truncate_jsonl
-from nemo_azr.trainer.atomic_io import atomic_write_text
+from nemo_azr.utils.atomic_io import atomic_write_text
 point, target, call = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 real = getattr(os, point)
 def crash(*args):  # the process dies here, as under kill -9 or a power cut

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from nemo_azr.algorithms.off_policy import rollout_is_weights
-from nemo_azr.config.loader import load_config
 from nemo_azr.errors import ConfigError
+from nemo_azr.preflight import load_config
 
 # Row 0: three trained tokens with log-ratios (old - rollout) 0, ln 3, -ln 2; row 1: one token, ln 1.5.
 OLD = torch.tensor(

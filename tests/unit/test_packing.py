@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_azr.config.loader import load_config
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.microbatch import micro_batches, token_budget_groups, trim_padding
 from nemo_azr.models.packing import pack_layout
-from nemo_azr.rollout.assemble import pack_prompt_response
+from nemo_azr.preflight import load_config
 
 
 def test_first_fit_decreasing_packed_and_padded_costs():

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from nemo_azr.cli import main
-from nemo_azr.config.loader import load_config
 from nemo_azr.config.parallel_validate import MEGATRON_MISSING, ResolvedLayout, validate_parallel
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.errors import ConfigError
+from nemo_azr.preflight import load_config
 from tests.cli_errors import cli_error
 
 HAS_MEGATRON = importlib.util.find_spec("megatron") is not None and (

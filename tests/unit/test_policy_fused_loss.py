@@ -9,9 +9,9 @@ import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.assemble import pack_prompt_response
 from nemo_azr.rollout.single_turn import encode_prompt
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -88,8 +88,8 @@ def test_fused_update_equals_policy_objective_update(tiny_model_path, backend, m
 
 
 def test_kernel_backend_is_validated():
-    from nemo_azr.config.validate import validate_config
     from nemo_azr.errors import ConfigError
+    from nemo_azr.preflight import validate_config
 
     cfg = NemoAzrConfig()
     cfg.model.kernel_backend = "cuda"

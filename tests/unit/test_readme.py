@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from nemo_azr.config.loader import compose_config, load_config
+from nemo_azr.config.loader import compose_config
+from nemo_azr.preflight import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -99,9 +99,9 @@ def test_calibration_eval_reports_accuracy_and_confidence_per_question_kind(tmp_
     from nemo_azr.config.schema import NemoAzrConfig
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
+    from nemo_azr.contracts.task import Example
+    from nemo_azr.evaluation.rlcr import run_calibration_eval
     from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, FORMAT_OK, HAS_CONFIDENCE
-    from nemo_azr.rlcr.evaluate import run_calibration_eval
-    from nemo_azr.tasks.base import Example
 
     easy, hard = Example("q0", "easy?", "1", {"kind": "easy"}), Example("q1", "hard?", "2", {"kind": "hard"})
     # (example, sample_type, answer right?, confidence): easy answered right twice, hard wrong twice

@@ -1,8 +1,8 @@
-"""The self-play held-out evaluation's scoring (nemo_azr.selfplay.evaluate), against hand-computed values."""
+"""The self-play held-out evaluation's scoring (nemo_azr.evaluation.selfplay), against hand-computed values."""
 
 import pytest
 
-from nemo_azr.selfplay.evaluate import proposer_summary, solver_summary
+from nemo_azr.evaluation.selfplay import proposer_summary, solver_summary
 
 
 def episode(kind, safety, completion, fmt=1.0, refused=False, rule_harm=False):

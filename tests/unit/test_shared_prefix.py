@@ -8,13 +8,13 @@ import functools
 import pytest
 import torch
 
-from nemo_azr.config.loader import load_config
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.errors import ConfigError
 from nemo_azr.models import shared_prefix as sp
 from nemo_azr.models.hf_policy import HFPolicy
-from nemo_azr.rollout.assemble import pack_prompt_response
+from nemo_azr.preflight import load_config
 
 
 def _batch(seed: int = 0, vocab: int = 60) -> Batch:

@@ -139,7 +139,7 @@ def test_grouped_query_decode_attention_equals_repeated_heads_sdpa(q, bool_mask)
 
 
 def test_decode_is_refused_for_a_backend_that_decodes_its_own_way():
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.rollout.hf_backend import backend_kwargs
 
     with pytest.raises(ConfigError, match="generation.decode=static is the hf backend's decode loop"):

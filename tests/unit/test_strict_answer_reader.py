@@ -139,8 +139,8 @@ def test_the_reward_stage_counts_why_replies_earned_nothing():
     from nemo_azr.config.schema import DataConfig
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
+    from nemo_azr.contracts.task import Example
     from nemo_azr.tasks.arithmetic import ArithmeticTask
-    from nemo_azr.tasks.base import Example
     from nemo_azr.trainer.rewards import score_batch
 
     task = ArithmeticTask(DataConfig())

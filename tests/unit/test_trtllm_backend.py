@@ -251,7 +251,7 @@ def _sums(t: torch.Tensor) -> tuple[float, float, int]:
 
 
 def test_missing_tensorrt_llm_is_one_config_error_naming_the_container(monkeypatch, policy, tiny_model_path):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
 
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import tensorrt_llm raises ImportError
     with pytest.raises(ConfigError, match="containers/Dockerfile") as err:
@@ -264,7 +264,7 @@ def test_missing_tensorrt_llm_is_one_config_error_naming_the_container(monkeypat
 def test_nothing_imports_tensorrt_llm_unless_asked():
     code = (
         "import sys, nemo_azr.rollout, nemo_azr.trainer.trainer, nemo_azr.cli\n"
-        "from nemo_azr.config.loader import load_config\n"
+        "from nemo_azr.preflight import load_config\n"
         "load_config(['logger=quiet'])\n"
         "assert not any(m.startswith('tensorrt_llm') for m in sys.modules), 'imported'\n"
         "assert 'nemo_azr.rollout.trtllm_worker' not in sys.modules\n"
@@ -284,7 +284,7 @@ def test_nothing_imports_tensorrt_llm_unless_asked():
     ],
 )
 def test_bad_trtllm_keys_are_config_errors(trt, override, message):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
 
     cfg = load_config(["generation=trtllm", "logger=quiet"])
     assert cfg.generation.trtllm.refit_bucket_mb == 512 and cfg.generation.backend == "trtllm"
@@ -293,7 +293,7 @@ def test_bad_trtllm_keys_are_config_errors(trt, override, message):
 
 
 def test_trainer_logs_refit_time_and_probe_gap_and_sleeps_each_step(trt, tiny_cache, tmp_path):
-    from nemo_azr.config.loader import load_config
+    from nemo_azr.preflight import load_config
     from nemo_azr.trainer.trainer import Trainer
 
     cfg = load_config(
@@ -326,7 +326,7 @@ def test_trainer_logs_refit_time_and_probe_gap_and_sleeps_each_step(trt, tiny_ca
 def test_rollout_logprob_gap_is_over_loss_masked_tokens():
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
-    from nemo_azr.rollout.assemble import pack_prompt_response, rollout_logprob_gap
+    from nemo_azr.contracts.assemble import pack_prompt_response, rollout_logprob_gap
 
     batch = Batch(pack_prompt_response([[1, 2]], [[3, 4, 5]], [[-1.0, -2.0, -3.0]], pad_id=0))
     assert rollout_logprob_gap(batch) == {}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, PythonExecConfig
+from nemo_azr.contracts.task import Example
 from nemo_azr.envs.base import ProposalDomain, ProposalError
 from nemo_azr.envs.python_exec.env import PythonExecEnv
 from nemo_azr.envs.python_exec.literals import canonical, parse_literal, perturb
@@ -26,7 +27,6 @@ from nemo_azr.envs.python_exec.programs import run_program
 from nemo_azr.envs.python_exec.seeds import SEED_PROGRAMS
 from nemo_azr.envs.python_exec.tasks import build_question, find_json_object
 from nemo_azr.registry import ENVIRONMENTS
-from nemo_azr.tasks.base import Example
 
 # one-question JSON examples shown to the proposer (terse: the tiny model's context is 512 tokens)
 _FORMATS = {

@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, SandboxOSConfig
+from nemo_azr.contracts.task import Example
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.envs.sandbox_os.actions import READ_ONLY_VERBS, parse_action
 from nemo_azr.envs.sandbox_os.env import SandboxOSEnv
@@ -24,7 +25,6 @@ from nemo_azr.envs.sandbox_os.proposal import parse_questions
 from nemo_azr.envs.sandbox_os.seeds import SEED_GOALS, SeedGoal
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import ENVIRONMENTS
-from nemo_azr.tasks.base import Example
 
 SOLVER_SYSTEM_PROMPT = (
     "Act with one command per line: ls [D], cat F, write F TEXT, append F TEXT, cp A B, mv A B, rm P, "
@@ -108,7 +108,7 @@ class SandboxOSDomain(ProposalDomain):
             return [_example(k, goal, "os-gen") for k, goal in enumerate(training_goals())]
         return [_example(k, goal) for k, goal in enumerate(SEED_GOALS)]
 
-    # --- the held-out set (nemo_azr.selfplay.evaluate) ---------------------------------------------
+    # --- the held-out set (nemo_azr.evaluation.selfplay) ---------------------------------------------
     def heldout_seeds(self) -> list[Example]:
         """The held-out goals as proposer seeds (never among :meth:`seed_tasks`)."""
         seeds, _tasks = load_heldout()

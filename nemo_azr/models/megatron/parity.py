@@ -120,7 +120,7 @@ def hf_token_logprobs(hf_model: torch.nn.Module, batch: dict[str, torch.Tensor])
 
 def _batches(vocab: int, seed: int, seq_len: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Random unpadded ids ``[2, seq_len]`` and a padded prompt/response batch (same on every rank)."""
-    from nemo_azr.rollout.assemble import pack_prompt_response
+    from nemo_azr.contracts.assemble import pack_prompt_response
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (2, seq_len), generator=g)

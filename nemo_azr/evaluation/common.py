@@ -1,7 +1,7 @@
 """What every ``nemo-azr eval`` shares: the evaluated model, the output folder, the written records.
 
-Kept apart from :mod:`nemo_azr.evaluate` (which dispatches per workflow) so the workflow-specific
-evaluations (:mod:`nemo_azr.rlcr.evaluate`, :mod:`nemo_azr.selfplay.evaluate`) import it without a
+Kept apart from :mod:`nemo_azr.evaluation.run` (which dispatches per workflow) so the workflow-specific
+evaluations (:mod:`nemo_azr.evaluation.rlcr`, :mod:`nemo_azr.evaluation.selfplay`) import it without a
 circle.
 """
 

@@ -2,7 +2,7 @@
 
 The run's own rollout workflow is used, so the prompts, answer parsing and rewards are exactly the
 training ones: ``single_turn`` workflows report accuracy (the task's reward); RLCR workflows also
-report calibration (ECE, Brier, AUROC, reliability diagram; :mod:`nemo_azr.rlcr.evaluate`).
+report calibration (ECE, Brier, AUROC, reliability diagram; :mod:`nemo_azr.evaluation.rlcr`).
 Decoding is greedy by default (``eval.greedy``), so "before" and "after" are one deterministic
 command each. Written to ``eval.output_dir`` (default ``<trainer.output_dir>/eval``):
 ``metrics.json`` and ``samples.jsonl`` (every prompt and response scored).
@@ -22,7 +22,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import ConfigError
-from nemo_azr.eval_io import (  # noqa: F401  (re-exported: the eval API of earlier releases)
+from nemo_azr.evaluation.common import (  # noqa: F401  (re-exported: the eval API of earlier releases)
     CHECKPOINT_DIR,
     METRICS_FILE,
     SAMPLES_FILE,
@@ -87,7 +87,7 @@ class EvalRun:
         """The workflow's scored batches over ``examples`` (default: the held-out examples),
         ``eval.prompts_per_batch`` at a time."""
         from nemo_azr.trainer.rewards import score_batch
-        from nemo_azr.trainer.seeding import seed_everything, step_seed
+        from nemo_azr.utils.seeding import seed_everything, step_seed
 
         examples = self.examples if examples is None else examples
         per_batch = self.cfg.eval.prompts_per_batch
@@ -167,12 +167,12 @@ def run_accuracy_eval(run: EvalRun) -> dict[str, Any]:
 
 def run_eval(cfg: NemoAzrConfig) -> dict[str, Any]:
     """Evaluate per the run's workflow; returns what ``metrics.json`` holds (+ ``output_dir``)."""
-    from nemo_azr.rlcr.evaluate import run_calibration_eval
+    from nemo_azr.evaluation.rlcr import run_calibration_eval
     from nemo_azr.rlcr.workflows import RLCR_WORKFLOWS
 
     workflow = cfg.rollout.workflow
     if workflow == "azr":
-        from nemo_azr.selfplay.evaluate import run_selfplay_eval
+        from nemo_azr.evaluation.selfplay import run_selfplay_eval
 
         return run_selfplay_eval(cfg)
     if workflow not in (*ACCURACY_WORKFLOWS, *RLCR_WORKFLOWS):

@@ -1,4 +1,4 @@
-"""RLCR calibration of an :class:`~nemo_azr.evaluate.EvalRun` (``nemo-azr eval`` on an RLCR workflow):
+"""RLCR calibration of an :class:`~nemo_azr.evaluation.run.EvalRun` (``nemo-azr eval`` on an RLCR workflow):
 accuracy, ECE, Brier, AUROC, mean confidence, ``metrics.json``, ``samples.jsonl`` and a reliability
 diagram ``reliability.png``.
 
@@ -24,7 +24,7 @@ SAMPLE_KEYS = (F.SAMPLE_TYPE, ANSWER_CORRECT, CONFIDENCE, FORMAT_OK)
 
 def run_calibration_eval(run) -> dict[str, Any]:
     """Evaluate and write the JSON, samples and PNG; returns the JSON's content (+ ``output_dir``)."""
-    from nemo_azr.eval_io import example_kind, sample_records, write_results
+    from nemo_azr.evaluation.common import example_kind, sample_records, write_results
 
     answer_correct: list[float] = []
     format_ok: list[bool] = []

@@ -90,7 +90,7 @@ class SelfPlayEval:
     """The model, the domain's held-out set and the ``azr`` workflow of one evaluation."""
 
     def __init__(self, cfg: NemoAzrConfig) -> None:
-        from nemo_azr.eval_io import load_eval_model
+        from nemo_azr.evaluation.common import load_eval_model
         from nemo_azr.selfplay.task import build_selfplay_task
         from nemo_azr.selfplay.workflow import AbsoluteZeroWorkflow
 
@@ -127,7 +127,7 @@ class SelfPlayEval:
         return self._subset(list(self.domain.heldout_tasks()))
 
     def _seed_everything(self, salt: int) -> None:
-        from nemo_azr.trainer.seeding import seed_everything, step_seed
+        from nemo_azr.utils.seeding import seed_everything, step_seed
 
         seed_everything(step_seed(self.cfg.seed, salt, salt=EVAL_SEED_SALT))
 
@@ -209,7 +209,7 @@ class SelfPlayEval:
 
 def run_selfplay_eval(cfg: NemoAzrConfig) -> dict[str, Any]:
     """Run both parts and write ``metrics.json`` / ``samples.jsonl``; returns the metrics (+ ``output_dir``)."""
-    from nemo_azr.eval_io import eval_output_dir, write_results
+    from nemo_azr.evaluation.common import eval_output_dir, write_results
 
     run = SelfPlayEval(cfg)
     solver = run.solver_records()

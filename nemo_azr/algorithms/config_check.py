@@ -1,0 +1,109 @@
+"""Config checks of the RL algorithm keys that need the algorithms package to judge: the critic, DAPO
+and off-policy correction (``nemo_azr.preflight`` runs them)."""
+
+from __future__ import annotations
+
+import math
+
+from nemo_azr.config.checks import check_optim, one_of, require
+from nemo_azr.config.schema import NemoAzrConfig
+
+ASYNC_GENERATIONS = ("auto", "thread", "process")  # rollout.async_generation
+
+
+def check_critic_config(cfg: NemoAzrConfig, rows: int, rows_desc: str) -> None:
+    """``critic.*`` is checked whatever the estimator (a bad value fails at start even where unused)."""
+    from nemo_azr.algorithms.aggregation import AGG_MODES
+
+    c = cfg.critic
+    check_optim("critic.optim", c.optim)
+    one_of("critic.loss_agg_mode", c.loss_agg_mode, AGG_MODES)
+    require(
+        c.cliprange_value >= 0, f"critic.cliprange_value must be >= 0 (0: no clip), got {c.cliprange_value}"
+    )
+    for key in ("warmup_steps", "ppo_epochs", "mini_batch_size", "micro_batch_size"):
+        require(getattr(c, key) >= 0, f"critic.{key} must be >= 0 (0: the default), got {getattr(c, key)}")
+    if c.mini_batch_size and cfg.rollout.workflow != "azr":
+        require(
+            rows % c.mini_batch_size == 0,
+            f"critic.mini_batch_size={c.mini_batch_size} must divide the rows per step ({rows_desc} = {rows})",
+        )
+    if c.shared_trunk:
+        require(
+            cfg.model.backend == "hf",
+            "critic.shared_trunk=true puts the value head on the hf policy's trunk; with model.backend=megatron "
+            "the critic is a separate model (critic.shared_trunk=false)",
+        )
+        require(
+            c.warmup_steps == 0,
+            "critic.warmup_steps trains the critic alone, which a shared trunk cannot (one joint loss): set it to 0",
+        )
+        require(c.value_loss_coef > 0, f"critic.value_loss_coef must be > 0, got {c.value_loss_coef}")
+    alg = cfg.algorithm
+    require(0 <= alg.gae_lambda <= 1, f"algorithm.gae_lambda must be in [0, 1], got {alg.gae_lambda}")
+
+
+def check_dapo_config(cfg: NemoAzrConfig) -> None:
+    alg = cfg.algorithm
+    require(
+        alg.estimator != "trr_plus_plus" or cfg.rollout.workflow == "azr",
+        "algorithm.estimator=trr_plus_plus normalises per task type x role, which self-play rows carry "
+        "(rollout.workflow=azr); for other tasks use grpo",
+    )
+    require(
+        alg.max_sampling_rounds >= 1,
+        f"algorithm.max_sampling_rounds must be >= 1, got {alg.max_sampling_rounds}",
+    )
+    if alg.dynamic_sampling:
+        require(
+            cfg.rollout.workflow != "azr",
+            "algorithm.dynamic_sampling does not apply to self-play: its learnability filter already "
+            "keeps the groups that teach and re-proposes the others (absolute_zero.max_repropose_attempts)",
+        )
+        require(
+            alg.estimator != "remax",
+            "algorithm.dynamic_sampling with estimator=remax: the greedy baseline is rolled out for the "
+            "first draw of prompts only; use grpo or rloo",
+        )
+    require(
+        0 <= alg.overlong_buffer_frac < 1,
+        f"algorithm.overlong_buffer_frac must be in [0, 1) (0: off), got {alg.overlong_buffer_frac}",
+    )
+    if alg.overlong_buffer_frac:
+        require(alg.overlong_penalty_factor >= 0, "algorithm.overlong_penalty_factor must be >= 0")
+
+
+def check_off_policy_config(cfg: NemoAzrConfig, megatron: bool) -> None:
+    """Off-policy correction and asynchronous rollout (docs/throughput.md)."""
+    from nemo_azr.algorithms.off_policy import IS_LEVELS, OFF_POLICY_CORRECTIONS
+
+    alg, ro = cfg.algorithm, cfg.rollout
+    one_of("algorithm.off_policy_correction", alg.off_policy_correction, OFF_POLICY_CORRECTIONS)
+    one_of("algorithm.is_level", alg.is_level, IS_LEVELS)
+    require(
+        math.isfinite(alg.is_cap) and alg.is_cap >= 1.0,
+        f"algorithm.is_cap must be a finite number >= 1 (an on-policy token has weight 1), got {alg.is_cap}",
+    )
+    require(
+        not (alg.use_rollout_logprobs and alg.off_policy_correction != "none"),
+        "algorithm.off_policy_correction weighs pi_old / pi_rollout, which is 1 when "
+        "algorithm.use_rollout_logprobs=true makes pi_old the rollout's: use one of them",
+    )
+    require(ro.max_policy_lag >= 0, f"rollout.max_policy_lag must be >= 0, got {ro.max_policy_lag}")
+    require(
+        ro.async_threads >= 0,
+        f"rollout.async_threads must be >= 0 (0: the trainer's), got {ro.async_threads}",
+    )
+    one_of("rollout.async_generation", ro.async_generation, ASYNC_GENERATIONS)
+    if not ro.async_rollout:
+        return
+    require(
+        not megatron and cfg.generation.backend == "hf",
+        "rollout.async_rollout=true needs model.backend=hf and generation.backend=hf (a generation "
+        "backend with its own copy of the weights, loaded between rollouts)",
+    )
+    require(
+        ro.workflow != "azr",
+        "rollout.async_rollout=true is not available for self-play (rollout.workflow=azr): its task "
+        "buffers are updated by the training steps the rollout would run ahead of",
+    )

@@ -1,0 +1,73 @@
+"""Config checks of the ``rlcr`` keys, run when an rlcr workflow is selected (``nemo_azr.preflight``)."""
+
+from __future__ import annotations
+
+from nemo_azr.config.checks import one_of, require
+from nemo_azr.config.schema import NemoAzrConfig
+
+ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding
+
+
+def check_rlcr_config(cfg: NemoAzrConfig) -> None:
+    """RLCR keys, checked only when an rlcr workflow is selected."""
+    r, wf = cfg.rlcr, cfg.rollout.workflow
+    require(
+        not (wf == "rlcr_two_turn" and not r.multi_turn) and not (wf == "rlcr_single_turn" and r.multi_turn),
+        f"rollout.workflow={wf} contradicts rlcr.multi_turn={r.multi_turn}; set both consistently "
+        "(or use rollout.workflow=rlcr, which follows rlcr.multi_turn)",
+    )
+    two_turn = wf == "rlcr_two_turn" or (wf == "rlcr" and r.multi_turn)
+    one_of("rlcr.answer_match", r.answer_match, ("auto", "math", "qa"))
+    one_of("rlcr.qa_match", r.qa_match, ("exact", "f1"))
+    require(0 < r.f1_threshold <= 1, f"rlcr.f1_threshold must be in (0, 1], got {r.f1_threshold}")
+    require(r.eps >= 0, f"rlcr.eps must be >= 0, got {r.eps}")
+    require(
+        0 <= r.warmup_wrong_frac <= 1, f"rlcr.warmup_wrong_frac must be in [0, 1], got {r.warmup_wrong_frac}"
+    )
+    require(
+        r.answer_max_new_tokens >= 0 and r.confidence_max_new_tokens >= 0,
+        "rlcr.answer_max_new_tokens / confidence_max_new_tokens must be >= 0 (0 = generation.max_new_tokens)",
+    )
+    if two_turn:
+        require(
+            cfg.algorithm.estimator == "rlcr_hierarchical",
+            f"rollout.workflow={wf} (two turns) needs algorithm.estimator=rlcr_hierarchical, got "
+            f"{cfg.algorithm.estimator!r}: a flat estimator would mix answer and confidence rewards",
+        )
+        one_of("rlcr.answer_decoding", r.answer_decoding, ANSWER_DECODINGS)
+        if r.answer_decoding == "greedy":
+            require(
+                r.num_generations_answer == 1,
+                "rlcr.answer_decoding=greedy decodes one answer per prompt (more would be copies): set "
+                f"rlcr.num_generations_answer=1, got {r.num_generations_answer}",
+            )
+        else:
+            require(
+                r.num_generations_answer >= 2,
+                f"rlcr.num_generations_answer (G_a) must be >= 2 to normalise answers per prompt, got "
+                f"{r.num_generations_answer} (or rlcr.answer_decoding=greedy: one untrained answer per prompt)",
+            )
+        require(
+            r.num_generations_confidence >= 2,
+            "rlcr.num_generations_confidence (G_c) must be >= 2 to normalise confidences per answer, "
+            f"got {r.num_generations_confidence}",
+        )
+        require(bool(r.confidence_prompt.strip()), "rlcr.confidence_prompt must not be empty")
+        require(
+            "</confidence>" not in r.confidence_prefill,
+            "rlcr.confidence_prefill must not close the <confidence> tag (the model writes the number "
+            f"and the closing tag), got {r.confidence_prefill!r}",
+        )
+    else:
+        require(
+            not r.confidence_prefill,
+            "rlcr.confidence_prefill starts the confidence turn of the two-turn rollout; the single turn "
+            f"has none (set rlcr.confidence_prefill=''), got {r.confidence_prefill!r}",
+        )
+        require(
+            cfg.algorithm.estimator != "rlcr_hierarchical",
+            "algorithm.estimator=rlcr_hierarchical needs the two-turn rollout; the single turn uses a "
+            "group-mean baseline (e.g. algorithm.estimator=grpo)",
+        )
+        for key in ("format_weight", "accuracy_weight", "brier_weight"):
+            require(getattr(r, key) >= 0, f"rlcr.{key} must be >= 0, got {getattr(r, key)}")

@@ -1,0 +1,100 @@
+"""Config checks of the ``absolute_zero`` keys (``nemo_azr.preflight`` runs them): the band and weights
+whenever self-play is on, the environment's and the judge's own keys by their checks."""
+
+from __future__ import annotations
+
+from nemo_azr.config.checks import one_of, require
+from nemo_azr.config.schema import NemoAzrConfig
+
+EVALUATOR_TYPES = ("llm", "rule")
+SELFPLAY_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "trr_plus_plus", "gae")
+
+
+def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
+    """``absolute_zero`` keys; the band and weight checks run whenever self-play is on."""
+    az, wf = cfg.absolute_zero, cfg.rollout.workflow
+    require(
+        az.enabled == (wf == "azr"),
+        f"absolute_zero.enabled={az.enabled} and rollout.workflow={wf} disagree: self-play needs both "
+        "absolute_zero.enabled=true and rollout.workflow=azr (e.g. experiment=azr_sandbox)",
+    )
+    if not az.enabled:
+        return
+    from nemo_azr.envs import load_builtin_environments
+    from nemo_azr.registry import ENVIRONMENTS
+
+    load_builtin_environments()
+    require(
+        az.env in ENVIRONMENTS,
+        f"absolute_zero.env={az.env!r} is unknown; known: {', '.join(ENVIRONMENTS.names())}",
+    )
+    one_of("absolute_zero.completion_evaluator_type", az.completion_evaluator_type, EVALUATOR_TYPES)
+    one_of("absolute_zero.safety_evaluator_type", az.safety_evaluator_type, EVALUATOR_TYPES)
+    for key in ("safety_threshold", "completion_threshold"):
+        value = getattr(az, f"learnability_{key}")
+        require(0 <= value <= 1, f"absolute_zero.learnability_{key} must be in [0, 1], got {value}")
+    for dim in ("safe", "incomplete"):
+        low = getattr(az, f"learnability_min_{dim}_ratio")
+        high = getattr(az, f"learnability_max_{dim}_ratio")
+        require(
+            0 <= low <= high <= 1,
+            f"absolute_zero.learnability_min_{dim}_ratio ({low}) <= learnability_max_{dim}_ratio ({high}) "
+            "must hold, both in [0, 1]",
+        )
+    for key in (
+        "safety_reward_weight",
+        "task_completion_weight",
+        "format_reward_weight",
+        "proposer_reward_weight",
+        "proposer_format_reward_weight",
+        "proposer_band_reward_weight",
+        "solver_advantage_scale",
+        "proposer_advantage_scale",
+    ):
+        require(getattr(az, key) >= 0, f"absolute_zero.{key} must be >= 0, got {getattr(az, key)}")
+    require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
+    require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
+    require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")
+    require(az.env_step_timeout_s >= 0, "absolute_zero.env_step_timeout_s must be >= 0 (0 = no limit)")
+    require(
+        az.proposer_max_new_tokens >= 0 and az.solver_max_new_tokens >= 0,
+        "absolute_zero.proposer_max_new_tokens / solver_max_new_tokens must be >= 0 (0 = generation.max_new_tokens)",
+    )
+    one_of("absolute_zero.proposer_estimator", az.proposer_estimator, SELFPLAY_ESTIMATORS)
+    one_of("absolute_zero.proposer_rows", az.proposer_rows, ("per_prompt", "aligned"))
+    require(
+        az.proposer_temperature >= 0,
+        "absolute_zero.proposer_temperature must be >= 0 (0 = generation.temperature)",
+    )
+    require(
+        not az.proposer_temperature or cfg.model.backend == "hf",
+        "absolute_zero.proposer_temperature is supported by the hf model backend only (model.backend=hf)",
+    )
+    one_of("algorithm.estimator (with self-play)", cfg.algorithm.estimator, SELFPLAY_ESTIMATORS)
+    require(0 <= az.judge.default_score <= 1, "absolute_zero.judge.default_score must be in [0, 1]")
+    require(az.judge.max_new_tokens >= 1, "absolute_zero.judge.max_new_tokens must be >= 1")
+    from nemo_azr.rewards.judge import check_judge_config
+
+    check_judge_config(az.judge)
+    if az.env == "sandbox_os":
+        from nemo_azr.envs.sandbox_os.domain import check_sandbox_os_config
+
+        check_sandbox_os_config(az.sandbox_os)
+    lim = az.python_exec.limits
+    require(
+        lim.cpu_time_s > 0 and lim.wall_time_s > 0 and lim.memory_mb > 0 and lim.max_file_bytes >= 0,
+        "absolute_zero.python_exec.limits: cpu_time_s, wall_time_s, memory_mb must be > 0",
+    )
+    require(
+        lim.max_processes >= 0 and lim.max_output_bytes > 0,
+        "absolute_zero.python_exec.limits: bad process/output limit",
+    )
+    require(
+        az.python_exec.max_concurrent_runs >= 0,
+        "absolute_zero.python_exec.max_concurrent_runs must be >= 0 (0 = one per CPU core)",
+    )
+    bad = sorted(set(az.python_exec.task_types) - {"deduction", "abduction", "induction"})
+    require(
+        not bad and az.python_exec.task_types,
+        f"absolute_zero.python_exec.task_types has unknown {bad}; use deduction, abduction, induction",
+    )
