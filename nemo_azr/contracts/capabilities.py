@@ -44,3 +44,31 @@ class RephrasedEvalSet(Protocol):
     """
 
     def rephrased(self, examples: list[Any]) -> list[Any]: ...
+
+
+@runtime_checkable
+class PerRoleAdvantages(Protocol):
+    """A workflow whose batch mixes roles (self-play: solver and proposer rows), each role's
+    advantages computed by its own registered estimator (``role_estimators``: role -> estimator
+    name) and multiplied by its scale (``role_advantage_scales``: role -> factor, 1.0 = as estimated).
+    """
+
+    role_estimators: dict[str, str]
+    role_advantage_scales: dict[str, float]
+
+
+@runtime_checkable
+class RowsPerPrompt(Protocol):
+    """A workflow that trains on a number of rows per prompt other than ``generation.n_samples``
+    (RLCR two-turn: answers plus confidences; self-play: solver rows plus proposer rows). The
+    learning-rate schedule's horizon counts optimizer steps from it."""
+
+    rows_per_prompt: int
+
+
+@runtime_checkable
+class SupervisedWarmupPairs(Protocol):
+    """A workflow with its own supervised warm-up targets: ``sft_pairs(examples)`` gives
+    (prompt token ids, target token ids) per example, in the workflow's turn format."""
+
+    def sft_pairs(self, examples: list[Any]) -> list[tuple[list[int], list[int]]]: ...

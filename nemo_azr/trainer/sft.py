@@ -20,6 +20,7 @@ import torch
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.capabilities import SupervisedWarmupPairs
 from nemo_azr.contracts.task import Task
 from nemo_azr.errors import CheckpointError
 from nemo_azr.rollout.single_turn import encode_prompt
@@ -59,7 +60,7 @@ class SFTWarmup:
 
     def _next_batch(self) -> Batch:
         examples = self.loader.next_batch()
-        if hasattr(self.workflow, "sft_pairs"):
+        if isinstance(self.workflow, SupervisedWarmupPairs):
             prompts, targets = (list(x) for x in zip(*self.workflow.sft_pairs(examples)))
         else:
             tok = self.tokenizer

@@ -35,6 +35,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import rollout_logprob_gap
+from nemo_azr.contracts.capabilities import PerRoleAdvantages, RowsPerPrompt
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE, PROMPT_FEEDBACK
 from nemo_azr.errors import (
     BatchContractError,
@@ -172,10 +173,11 @@ class Trainer:
         self.tokenizer = load_tokenizer(self.model_path / "model" if megatron_ckpt else self.model_path)
         self.loader = build_prompt_loader(self.task.examples, cfg.data, cfg.seed)
         self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
-        role_estimators = getattr(self.workflow, "role_estimators", None)
+        per_role = isinstance(self.workflow, PerRoleAdvantages)
+        role_estimators = self.workflow.role_estimators if per_role else None
         self.estimator = (
-            role_split_estimator(role_estimators, getattr(self.workflow, "role_advantage_scales", None))
-            if role_estimators
+            role_split_estimator(role_estimators, self.workflow.role_advantage_scales)
+            if per_role
             else ADVANTAGE_ESTIMATORS.get(cfg.algorithm.estimator)
         )
 
@@ -213,7 +215,11 @@ class Trainer:
         epochs / mini-batches): the LR schedule's horizon."""
         epochs, mini, _ = (model or self.policy).update_schedule()
         # A workflow may produce more rows per prompt than n_samples (RLCR two-turn: G_a + G_a x G_c).
-        per_prompt = getattr(self.workflow, "rows_per_prompt", self.cfg.generation.n_samples)
+        per_prompt = (
+            self.workflow.rows_per_prompt
+            if isinstance(self.workflow, RowsPerPrompt)
+            else self.cfg.generation.n_samples
+        )
         rows = self.cfg.data.prompts_per_step * per_prompt
         per_step = epochs * max(1, rows // (mini or rows))
         return per_step * self.cfg.trainer.max_steps

@@ -299,3 +299,17 @@ def test_prompt_feedback_is_the_share_of_each_seeds_final_group_in_the_band(toke
     plans = {"A": [MIXED], "B": [NONE_LEARNABLE], "C": [GARBAGE]}
     batch, _, _ = run_step(tokenizer, plans, max_repropose_attempts=0)
     assert batch.info[PROMPT_FEEDBACK] == {"A": 0.5, "B": 0.0, "C": 0.0}
+
+
+def test_workflows_declare_their_capabilities_as_protocols(tokenizer):
+    """The trainer finds per-role advantages, rows per prompt and warm-up pairs by Protocol."""
+    from nemo_azr.contracts.capabilities import PerRoleAdvantages, RowsPerPrompt, SupervisedWarmupPairs
+    from nemo_azr.rollout.single_turn import SingleTurnWorkflow
+
+    cfg = make_cfg()
+    workflow = AbsoluteZeroWorkflow(SimpleNamespace(domain=ScriptedDomain(["A"])), tokenizer, cfg)
+    assert isinstance(workflow, PerRoleAdvantages) and isinstance(workflow, RowsPerPrompt)
+    assert isinstance(workflow, SupervisedWarmupPairs)
+    assert workflow.role_advantage_scales == {"solver": 1.0, "proposer": 1.0}
+    plain = SingleTurnWorkflow(task=None, tokenizer=tokenizer)
+    assert not isinstance(plain, PerRoleAdvantages) and not isinstance(plain, SupervisedWarmupPairs)
