@@ -44,7 +44,7 @@ def _prompts(tokenizer) -> list[list[int]]:
 def measure(model_path: str, dtype: torch.dtype, reps: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_azr.rollout.base import GenerationRequest, SamplingParams
+    from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
     from nemo_azr.rollout.hf_backend import HFGenerationBackend
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)

@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
+from nemo_azr.contracts.generation import GenerationRequest, SamplingParams  # noqa: E402
 from nemo_azr.rollout.hf_backend import HFGenerationBackend  # noqa: E402
 from nemo_azr.rollout.single_turn import encode_prompt  # noqa: E402
 

@@ -96,7 +96,7 @@ def load_eval_model(cfg: NemoAzrConfig) -> EvalModel:
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, cfg.model.dtype))
     backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)
-    if getattr(backend_cls, "reads_policy_in_place", False):
+    if backend_cls.reads_policy_in_place:
         backend_cls = GENERATION_BACKENDS.get("hf")
     return EvalModel(
         model_dir, source, tokenizer, backend_cls(model, tokenizer, **backend_kwargs(cfg.generation))

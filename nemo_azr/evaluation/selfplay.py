@@ -28,8 +28,8 @@ from typing import Any
 
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.capabilities import HeldOutSelfPlaySet
+from nemo_azr.contracts.generation import SamplingParams
 from nemo_azr.errors import ConfigError
-from nemo_azr.rollout.base import SamplingParams
 from nemo_azr.selfplay.learnability import QuestionScores, filter_group, harm_reward, proposer_reward
 
 EVAL_SEED_SALT = 104743

@@ -23,9 +23,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from nemo_azr.config.schema import JudgeConfig
+from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
 

@@ -12,7 +12,7 @@ from nemo_azr.config.schema import RLCRConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
-from nemo_azr.rollout.base import Sample
+from nemo_azr.contracts.generation import Sample
 
 #: Per-row meta the RLCR workflows add (besides the contract's ids): the answer's accuracy, the
 #: parsed confidence (None: not parsed / no confidence on this row), whether the row has a

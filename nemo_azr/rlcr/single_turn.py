@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.contracts.task import Example, Task
 from nemo_azr.rlcr.advantages import RLCR_INFO_KEY
 from nemo_azr.rlcr.common import (
@@ -30,7 +31,6 @@ from nemo_azr.rlcr.common import (
 )
 from nemo_azr.rlcr.rewards import single_turn_reward
 from nemo_azr.rlcr.warmup import answer_target, confidence_target
-from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.rollout.single_turn import encode_prompt
 
 WARMUP_SEED_SALT = 4099

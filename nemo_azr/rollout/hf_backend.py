@@ -11,10 +11,11 @@ import copy
 
 import torch
 
+from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, Sample, SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.shared_prefix import cache_keyword, distinct_rows
 from nemo_azr.registry import GENERATION_BACKENDS
-from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.static_decode import DECODE_MODES, StaticDecoder, static_decode_unsupported
 
 
@@ -61,7 +62,7 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
 
 
 @GENERATION_BACKENDS.register("hf")
-class HFGenerationBackend:
+class HFGenerationBackend(GenerationEngineBase):
     """Owns its own copy of the model (like a separate inference engine); ``sync_weights`` refreshes it."""
 
     def __init__(
@@ -75,6 +76,7 @@ class HFGenerationBackend:
         cuda_graphs: bool = True,
         grouped_attention: bool = False,
     ) -> None:
+        super().__init__()
         # Its own copy, optionally in another dtype (``generation.dtype``): bf16 decodes about twice as
         # fast on CPUs with AMX; ``sync_weights`` casts the policy's weights into it.
         self.model = copy.deepcopy(model).eval()
@@ -86,7 +88,6 @@ class HFGenerationBackend:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_batch_size = max_batch_size
-        self.version = 0
         self._cache_kw = cache_keyword(getattr(self.model, self.model.base_model_prefix))
         # generation.decode: static (pre-allocated cache, CUDA graphs on CUDA), dynamic, or auto
         # (static on CUDA). A model the static path cannot serve is refused when asked for by name.

@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import torch
 
+from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, Sample, SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import GENERATION_BACKENDS
-from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.hf_backend import _sample
 
 __all__ = ["MegatronGenerationBackend"]
 
 
 @GENERATION_BACKENDS.register("megatron")
-class MegatronGenerationBackend:
+class MegatronGenerationBackend(GenerationEngineBase):
     """Reads the policy's live weights; built by the trainer from the policy itself."""
 
     #: The trainer passes the policy (not an HF model copy) to the constructor.
@@ -38,6 +39,7 @@ class MegatronGenerationBackend:
     def __init__(self, policy, tokenizer, *, max_batch_size: int = 0) -> None:
         from megatron.core import parallel_state as ps
 
+        super().__init__()
         if not hasattr(policy, "chunks"):
             raise ConfigError("generation.backend=megatron needs model.backend=megatron")
         # Sequence parallelism and virtual pipeline stages are refused at start (nemo_azr/preflight.py).
@@ -50,7 +52,6 @@ class MegatronGenerationBackend:
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_batch_size = max_batch_size
-        self.version = 0
 
     # --- capabilities ---------------------------------------------------------------------------
     def sync_weights(self, policy) -> None:

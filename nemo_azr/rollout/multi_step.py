@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.envs.base import (
     END_DONE,
     END_ERROR,
@@ -27,7 +28,6 @@ from nemo_azr.envs.base import (
     EnvOutput,
     EvalResult,
 )
-from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.rollout.chat_turns import observation_ids
 from nemo_azr.rollout.single_turn import encode_prompt
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, SamplingParams
+from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, SamplingParams
+from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 
 
@@ -34,11 +35,12 @@ class GenerationProcessError(RuntimeError):
     """The generation process failed or exited; the message carries its traceback or exit code."""
 
 
-class ProcessGenerationBackend:
+class ProcessGenerationBackend(GenerationEngineBase):
     """Proxy with the backend interface (``generate``, ``sync_weights``, ``model``, ``version``); the
-    wrapped backend's ``generate`` runs in a child process. ``close()`` stops the child."""
+    wrapped backend's ``generate`` runs in a child process. ``shutdown()`` stops the child."""
 
     def __init__(self, backend, *, num_threads: int = 0, start_timeout_s: float = 300.0) -> None:
+        super().__init__()
         self.model = backend.model
         _check_shared_memory(self.model)
         self.model.share_memory()  # before the child starts: it receives handles to this storage
@@ -53,7 +55,7 @@ class ProcessGenerationBackend:
         self._proc.start()
         child_conn.close()
         if not self._conn.poll(start_timeout_s):
-            self.close()
+            self.shutdown()
             raise GenerationProcessError(
                 f"the generation process did not start within {start_timeout_s:.0f} s"
             )
@@ -83,7 +85,7 @@ class ProcessGenerationBackend:
         param = next(self.model.parameters(), None)
         return param.device if param is not None else torch.device("cpu")
 
-    def close(self, timeout_s: float = 30.0) -> None:
+    def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask the child to exit; terminate it if it does not."""
         if self._proc.is_alive():
             try:

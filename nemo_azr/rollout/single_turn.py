@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from nemo_azr.contracts import Batch, Role, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.contracts.task import Example, Task
 from nemo_azr.registry import WORKFLOWS
-from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, SamplingParams
 
 
 def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:

@@ -28,7 +28,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import StaticCache, StaticLayer
 
-from nemo_azr.rollout.base import SamplingParams
+from nemo_azr.contracts.generation import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -41,9 +41,10 @@ import torch
 
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, Sample, SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import GENERATION_BACKENDS
-from nemo_azr.rollout.base import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.trtllm_weights import (
     RefitError,
     checksum_groups,
@@ -96,12 +97,13 @@ def _engine_dtype(name: str, model: torch.nn.Module) -> torch.dtype:
 
 
 @GENERATION_BACKENDS.register("trtllm")
-class TRTLLMGenerationBackend:
+class TRTLLMGenerationBackend(GenerationEngineBase):
     """A TensorRT-LLM engine refitted from the trainer after every update (``generation=trtllm``)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, cfg) -> None:
         """``model``: the policy's HF-layout model (its config starts the engine, its weights are the
         first refit); ``cfg``: the ``generation`` config (``cfg.trtllm`` holds the engine keys)."""
+        super().__init__()
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             # Each rank would start an engine on the same local GPUs (engine rank r = GPU r).
             raise ConfigError(
@@ -122,8 +124,6 @@ class TRTLLMGenerationBackend:
         self.tie_word_embeddings = bool(getattr(model.config, "tie_word_embeddings", False))
         self.dtype = _engine_dtype(self.cfg.dtype, model)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-        self.version = 0
-        self.refit_metrics: dict[str, float] = {}
         self._asleep: set[str] = set()
         self.probe_ids = tokenizer(self.cfg.probe_prompt, add_special_tokens=False)["input_ids"]
         if not self.probe_ids:

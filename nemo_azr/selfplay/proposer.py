@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.contracts.task import Example
 from nemo_azr.envs.base import ProposalDomain, ProposalError
-from nemo_azr.rollout.base import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.rollout.single_turn import encode_prompt
 
 

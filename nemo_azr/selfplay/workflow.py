@@ -23,13 +23,13 @@ import torch
 
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.generation import GenerationBackend, SamplingParams
 from nemo_azr.contracts.schema import PROMPT_FEEDBACK
 from nemo_azr.contracts.task import Example, Task
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rewards.evaluators import EpisodeScores, score_episodes
 from nemo_azr.rewards.judge import LLMJudge, build_judge
-from nemo_azr.rollout.base import GenerationBackend, SamplingParams
 from nemo_azr.rollout.multi_step import (
     Episode,
     evaluate_episode,

@@ -450,8 +450,7 @@ class Trainer:
         metrics.update(apply_overlong_penalty(batch, alg, max_len=max_len))
         if getattr(self.estimator, "needs_greedy_baseline", False):
             batch[F.BASELINE_REWARDS] = self._greedy_baseline(batch, examples, step)
-        if hasattr(self.backend, "release"):  # rollout done: an engine frees its GPU memory (trtllm sleeps)
-            self.backend.release()
+        self.backend.release()  # rollout done: an engine frees its GPU memory (trtllm sleeps)
         return done(batch, t_rollout=t_rollout)
 
     def _train_on(self, step: int, rollout: Rollout) -> dict[str, float]:
@@ -522,7 +521,7 @@ class Trainer:
             self.state.policy_version += 1
             self.async_rollout.push_weights(self.policy, self.state.policy_version)
         t_refit = time.perf_counter()
-        metrics.update(getattr(self.backend, "refit_metrics", {}))  # trtllm: refit time, probe gap
+        metrics.update(self.backend.refit_metrics)  # trtllm: refit time, probe gap
         self.state.samples_seen += len(batch)
         self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
         self.state.consecutive_skips = 0
@@ -697,7 +696,7 @@ class Trainer:
         # A policy that trains something other than a transformers model (Megatron) provides an
         # HF-layout model for generation; the backend refits it from the policy every step.
         backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)
-        if getattr(backend_cls, "reads_policy_in_place", False):  # megatron: the training weights
+        if backend_cls.reads_policy_in_place:  # megatron: the training weights
             source = self.policy
         else:
             source = (
@@ -957,7 +956,7 @@ class Trainer:
                 self.async_rollout.close()
                 self.async_rollout = None
             if self.backend is not in_process_backend:  # the generation process: stop it
-                self.backend.close()
+                self.backend.shutdown()
                 self.backend = in_process_backend
             logger.close()
         return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)

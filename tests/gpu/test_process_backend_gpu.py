@@ -11,9 +11,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 from nemo_azr.config.schema import NemoAzrConfig, TinyModelConfig  # noqa: E402
+from nemo_azr.contracts.generation import GenerationRequest, SamplingParams  # noqa: E402
 from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
 from nemo_azr.models.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams  # noqa: E402
 from nemo_azr.rollout.hf_backend import HFGenerationBackend  # noqa: E402
 from nemo_azr.rollout.process_backend import ProcessGenerationBackend  # noqa: E402
 from nemo_azr.rollout.single_turn import encode_prompt  # noqa: E402
@@ -47,4 +47,4 @@ def test_cuda_samples_and_weight_push_match_in_process(tmp_path):
         greedy = SamplingParams(n=1, max_new_tokens=8, greedy=True)
         assert flat(remote.generate(requests, greedy)) == flat(local.generate(requests, greedy))
     finally:
-        remote.close()
+        remote.shutdown()

@@ -371,7 +371,7 @@ def _prompts(trainer: Trainer, count: int) -> list[list[int]]:
 
 
 def _generate(backend, prompts: list[list[int]], sampling, seed: int = 0):
-    from nemo_azr.rollout.base import GenerationRequest
+    from nemo_azr.contracts.generation import GenerationRequest
 
     torch.manual_seed(seed)
     outputs = backend.generate([GenerationRequest(prompt_ids=p) for p in prompts], sampling)
@@ -408,7 +408,7 @@ def generation_pair(warm_model, tiny_cache, tmp_path_factory):
 def test_megatron_generation_matches_hf_backend(generation_pair):
     """Greedy decoding of prompts of different lengths (megatron's static batching: right padding,
     prompt tokens kept until each row's prompt ends), and sampling with the same random stream."""
-    from nemo_azr.rollout.base import SamplingParams
+    from nemo_azr.contracts.generation import SamplingParams
 
     trainer, hf = generation_pair
     base = _prompts(trainer, 4)
@@ -428,7 +428,7 @@ def test_megatron_generation_matches_hf_backend(generation_pair):
 
 
 def test_megatron_generation_reads_the_training_weights_in_place(generation_pair):
-    from nemo_azr.rollout.base import SamplingParams
+    from nemo_azr.contracts.generation import SamplingParams
     from nemo_azr.rollout.hf_backend import HFGenerationBackend
 
     trainer, _ = generation_pair

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from nemo_azr.cli import main
+from nemo_azr.contracts.generation import GenerationOutput, Sample
 from nemo_azr.preflight import load_config
-from nemo_azr.rollout.base import GenerationOutput, Sample
 from nemo_azr.trainer.trainer import Trainer
 
 PROGRAM = "def f(x):\n    return x * 3"

@@ -1,7 +1,7 @@
 """Shared fakes for the judge / evaluator / desktop_env tests."""
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, JudgeConfig
-from nemo_azr.rollout.base import GenerationOutput, Sample
+from nemo_azr.contracts.generation import GenerationOutput, Sample
 
 
 class ScriptedBackend:

@@ -24,9 +24,9 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams
 from nemo_azr.rollout.single_turn import encode_prompt
 
 REAL_TRTLLM = os.environ.get("NEMO_AZR_TRTLLM") == "real"

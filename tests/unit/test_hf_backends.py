@@ -8,9 +8,9 @@ import torch
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
 
@@ -132,6 +132,7 @@ def test_sync_weights_copies_and_bumps_version(setup):
         for p in policy.model.parameters():
             p.add_(0.01)
     assert not torch.equal(next(gen.model.parameters()), next(policy.model.parameters()))
+    assert gen.version == 0 and isinstance(gen, GenerationBackend)  # the whole engine Protocol
     gen.sync_weights(policy)
     assert gen.version == 1
     for a, b in zip(gen.model.parameters(), policy.model.parameters()):
@@ -370,3 +371,34 @@ def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup,
     assert len({tuple(s.token_ids) for s in a}) > len(prompts)  # the rows did sample differently
     for x, y in zip(a, b):
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=1e-5, atol=1e-5)
+
+
+def test_every_registered_backend_implements_the_whole_engine_protocol():
+    """The trainer calls release / refit_metrics / shutdown on any backend without probing for them."""
+    import inspect
+
+    import nemo_azr.plugins  # noqa: F401
+    from nemo_azr.contracts.generation import GenerationBackend
+    from nemo_azr.registry import GENERATION_BACKENDS
+    from nemo_azr.rollout.process_backend import ProcessGenerationBackend
+
+    members = [name for name, _ in inspect.getmembers(GenerationBackend) if not name.startswith("_")] + list(
+        GenerationBackend.__annotations__
+    )
+    assert {"generate", "sync_weights", "release", "flush_cache", "shutdown", "version"} <= set(members)
+    for cls in [*(GENERATION_BACKENDS.get(n) for n in GENERATION_BACKENDS.names()), ProcessGenerationBackend]:
+        for name in members:
+            assert hasattr(cls, name) or name in ("version", "refit_metrics"), (cls.__name__, name)
+        assert isinstance(cls.reads_policy_in_place, bool)
+
+
+def test_the_engine_defaults_answer_every_lifecycle_call():
+    from nemo_azr.contracts.generation import GenerationBackend
+    from nemo_azr.rollout.engine import GenerationEngineBase
+
+    engine = GenerationEngineBase()
+    assert engine.version == 0 and engine.refit_metrics == {} and not engine.reads_policy_in_place
+    engine.release(), engine.flush_cache(), engine.shutdown()  # no-ops answer
+    with pytest.raises(NotImplementedError):
+        engine.sync_weights(None)
+    assert not isinstance(engine, GenerationBackend)  # no generate(): not a backend by itself

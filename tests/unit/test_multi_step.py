@@ -5,9 +5,9 @@ import time
 
 import pytest
 
+from nemo_azr.contracts.generation import GenerationOutput, SamplingParams
 from nemo_azr.envs.base import END_DONE, END_ERROR, END_MAX_STEPS, END_TIMEOUT, EnvOutput, EvalResult
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationOutput, SamplingParams
 from nemo_azr.rollout.multi_step import END_CONTEXT, evaluate_episode, run_episodes, start_episodes
 from tests.unit.selfplay_fakes import ScriptedBackend
 
@@ -81,7 +81,7 @@ class LongBackend:
         self.tok = tokenizer
 
     def generate(self, requests, sampling):
-        from nemo_azr.rollout.base import Sample
+        from nemo_azr.contracts.generation import Sample
 
         ids = [self.tok.eos_token_id - 1] * sampling.max_new_tokens
         return [GenerationOutput(r, [Sample(ids, [-1.0] * len(ids), "x", "length")], 0) for r in requests]

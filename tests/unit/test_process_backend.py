@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.process_backend import GenerationProcessError, ProcessGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
@@ -30,7 +30,7 @@ def setup(tiny_model_path):
         for q in ("What is 1 + 2?", "Hi", "What is 7 + 8?")
     ]
     yield policy, local, remote, requests
-    remote.close()
+    remote.shutdown()
 
 
 def _flat(outputs):
@@ -86,7 +86,7 @@ def test_child_error_and_death_are_reported(tiny_model_path):
         with pytest.raises(GenerationProcessError, match="exit code -9"):
             remote.generate(ok, SamplingParams(max_new_tokens=2))
     finally:
-        remote.close()
+        remote.shutdown()
 
 
 def test_too_small_shared_memory_is_a_clear_error(tiny_model_path, monkeypatch):

@@ -8,6 +8,7 @@ import torch
 
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts import validate_batch
+from nemo_azr.contracts.generation import GenerationOutput, Sample, SamplingParams
 from nemo_azr.contracts.task import Example
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
@@ -16,7 +17,6 @@ from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rlcr import RLCR_INFO_KEY, SingleTurnRLCRWorkflow, TwoTurnRLCRWorkflow
 from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, HAS_CONFIDENCE, turn_suffix_ids
 from nemo_azr.rlcr.warmup import confidence_target
-from nemo_azr.rollout.base import GenerationOutput, Sample, SamplingParams
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.tasks.arithmetic import ArithmeticTask
 

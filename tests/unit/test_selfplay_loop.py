@@ -12,9 +12,9 @@ import torch
 from nemo_azr.algorithms.per_role import role_split_estimator
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.generation import SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import SamplingParams
 from nemo_azr.selfplay import AbsoluteZeroWorkflow
 from tests.unit.selfplay_fakes import (
     LOGPROB,

@@ -8,9 +8,9 @@ host syncs every few tokens, stop strings found after the fact) is what these te
 import pytest
 import torch
 
+from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.rollout.static_decode import batch_bucket, cache_length

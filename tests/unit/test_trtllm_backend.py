@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
-from nemo_azr.rollout.base import GenerationRequest, SamplingParams
 from nemo_azr.rollout.trtllm_weights import (
     RefitError,
     checksum_groups,
