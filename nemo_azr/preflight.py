@@ -64,6 +64,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     """Every check of ``cfg``: generic ones, registered names, each component's own keys, and the
     checks across components. Raises :class:`ConfigError` naming the key; runs before any model loads."""
     import nemo_azr.plugins  # noqa: F401  (fills the registries the names below are checked against)
+    from nemo_azr.user_plugins import import_plugins
+
+    import_plugins(list(cfg.plugins))  # the user's own components register themselves too
     from nemo_azr.algorithms.aggregation import AGG_MODES
     from nemo_azr.algorithms.kl import KL_ESTIMATORS
     from nemo_azr.kernels.backend import BACKENDS as KERNEL_BACKENDS
@@ -154,11 +157,12 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     require(0 < gen.top_p <= 1, f"generation.top_p must be in (0, 1], got {gen.top_p}")
     require(gen.top_k >= 0, f"generation.top_k must be >= 0, got {gen.top_k}")
     require(gen.max_new_tokens >= 1, f"generation.max_new_tokens must be >= 1, got {gen.max_new_tokens}")
-    if alg.estimator in ("grpo", "rloo"):
+    least = ADVANTAGE_ESTIMATORS.get(alg.estimator).min_samples_per_prompt  # the estimator's own need
+    if least > 1:
         require(
-            gen.n_samples >= 2,
+            gen.n_samples >= least,
             f"algorithm.estimator={alg.estimator} compares samples of one prompt, so it needs "
-            f"generation.n_samples >= 2 (got {gen.n_samples}); or use reinforce_plus_plus",
+            f"generation.n_samples >= {least} (got {gen.n_samples}); or use reinforce_plus_plus",
         )
 
     require(cfg.data.prompts_per_step >= 1, "data.prompts_per_step must be >= 1")

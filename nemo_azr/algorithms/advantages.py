@@ -5,7 +5,11 @@ attributes the trainer reads before calling it:
 
 * ``required_keys``: batch tensors it needs beyond ``rewards`` / ``loss_mask``;
 * ``required_meta``: per-row meta it needs (``group_id`` for the group baselines);
-* ``needs_greedy_baseline``: whether the rollout must also produce a greedy sample per prompt.
+* ``needs_greedy_baseline``: whether the rollout must also produce a greedy sample per prompt;
+* ``min_samples_per_prompt``: the least ``generation.n_samples`` it can work with (a baseline from
+  the other samples of a prompt needs two); the preflight check reads it.
+
+They make the registered function an ``contracts.algorithm.AdvantageEstimator``.
 
 Advantages are float32 and exactly 0 wherever ``loss_mask`` is 0. Groups come only from the explicit
 ``batch.meta["group_id"]``, never from the row order.
@@ -47,6 +51,7 @@ def advantage_estimator(
     required_keys: tuple[str, ...] = (),
     required_meta: tuple[str, ...] = (),
     needs_greedy_baseline: bool = False,
+    min_samples_per_prompt: int = 1,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
     """Register an estimator and attach its requirements; the wrapper checks them on every call."""
 
@@ -59,6 +64,7 @@ def advantage_estimator(
         wrapper.required_keys = tuple(required_keys)  # type: ignore[attr-defined]
         wrapper.required_meta = tuple(required_meta)  # type: ignore[attr-defined]
         wrapper.needs_greedy_baseline = needs_greedy_baseline  # type: ignore[attr-defined]
+        wrapper.min_samples_per_prompt = min_samples_per_prompt  # type: ignore[attr-defined]
         return ADVANTAGE_ESTIMATORS.register(name, *aliases)(wrapper)
 
     return decorator
@@ -141,7 +147,7 @@ def _groups(batch: Batch, device: torch.device) -> tuple[torch.Tensor, int]:
 # --- estimators ------------------------------------------------------------------------------------
 
 
-@advantage_estimator("grpo", required_meta=(F.GROUP_ID,))
+@advantage_estimator("grpo", required_meta=(F.GROUP_ID,), min_samples_per_prompt=2)
 def grpo(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """GRPO: ``A_i = (r_i - mean_g) / (std_g + eps)`` (or ``r_i - mean_g``), broadcast to ``advantages[B, T]``.
 
@@ -177,7 +183,7 @@ def trr_plus_plus(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, tor
     return grpo(regrouped, cfg)
 
 
-@advantage_estimator("rloo", required_meta=(F.GROUP_ID,))
+@advantage_estimator("rloo", required_meta=(F.GROUP_ID,), min_samples_per_prompt=2)
 def rloo(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """RLOO: ``A_i = r_i - (sum_g - r_i) / (G - 1)`` (leave-one-out mean), ``advantages[B, T]``; G = 1 -> 0."""
     mask = _float_mask(batch)

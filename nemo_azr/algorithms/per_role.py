@@ -67,4 +67,5 @@ def role_split_estimator(
     per_role.required_keys = tuple(sorted({k for fn in fns.values() for k in fn.required_keys}))  # type: ignore[attr-defined]
     per_role.required_meta = (F.ROLE, *sorted({k for fn in fns.values() for k in fn.required_meta}))  # type: ignore[attr-defined]
     per_role.needs_greedy_baseline = False  # type: ignore[attr-defined]
+    per_role.min_samples_per_prompt = max(fn.min_samples_per_prompt for fn in fns.values())  # type: ignore[attr-defined]
     return per_role

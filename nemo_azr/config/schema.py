@@ -550,4 +550,8 @@ class NemoAzrConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     absolute_zero: AbsoluteZeroConfig = field(default_factory=AbsoluteZeroConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # modules imported before the config is checked, so the components they register (an estimator,
+    # a loss, a task, a workflow, an environment, a backend) can be named: "my_pkg.my_module" or a
+    # path to a .py file (docs/architecture.md, "Adding a component")
+    plugins: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)  # free-form, for user plug-ins

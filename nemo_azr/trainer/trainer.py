@@ -227,7 +227,7 @@ class Trainer:
     def _build_critic(self, role_estimators: dict[str, str] | None):
         """PPO's critic when the advantage estimator needs values (``gae``), else None. Self-play with
         ``critic.per_role_values`` gets one value head per role."""
-        if F.VALUES not in getattr(self.estimator, "required_keys", ()):
+        if F.VALUES not in self.estimator.required_keys:
             return None
         cfg = self.cfg
         roles = (
@@ -448,7 +448,7 @@ class Trainer:
                 )
         max_len = batch.info.get("max_new_tokens") or cfg.generation.max_new_tokens
         metrics.update(apply_overlong_penalty(batch, alg, max_len=max_len))
-        if getattr(self.estimator, "needs_greedy_baseline", False):
+        if self.estimator.needs_greedy_baseline:
             batch[F.BASELINE_REWARDS] = self._greedy_baseline(batch, examples, step)
         self.backend.release()  # rollout done: an engine frees its GPU memory (trtllm sleeps)
         return done(batch, t_rollout=t_rollout)
@@ -493,7 +493,7 @@ class Trainer:
         batch[F.ADVANTAGES] = advantages
         if returns is not None:
             batch[F.RETURNS] = returns
-        validate_batch(batch, "update", extra=getattr(self.estimator, "required_keys", ()))
+        validate_batch(batch, "update", extra=self.estimator.required_keys)
         if self.critic is not None:
             metrics.update(
                 self.critic.update(

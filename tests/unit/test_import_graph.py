@@ -108,7 +108,7 @@ LAYERS: list[set[str]] = [
     {"rlcr", "selfplay"},
     {"trainer"},
     {"evaluation"},
-    {"plugins"},
+    {"plugins", "user_plugins"},
     {"preflight"},
     {"cli"},
     {"__main__"},

@@ -27,3 +27,29 @@ def test_double_registration_is_refused():
     reg.register("x")(lambda: 1)
     with pytest.raises(ValueError, match="registered twice"):
         reg.register("x")(lambda: 2)
+
+
+def test_every_registered_estimator_is_an_advantage_estimator_with_its_needs():
+    import nemo_azr.plugins  # noqa: F401
+    from nemo_azr.algorithms.per_role import role_split_estimator
+    from nemo_azr.contracts.algorithm import AdvantageEstimator
+    from nemo_azr.registry import ADVANTAGE_ESTIMATORS
+
+    for name in ADVANTAGE_ESTIMATORS.names():
+        assert isinstance(ADVANTAGE_ESTIMATORS.get(name), AdvantageEstimator), name
+    # the group baselines need two samples of a prompt; the others one
+    needs = {
+        n: ADVANTAGE_ESTIMATORS.get(n).min_samples_per_prompt
+        for n in ("grpo", "rloo", "reinforce_plus_plus", "gae")
+    }
+    assert needs == {"grpo": 2, "rloo": 2, "reinforce_plus_plus": 1, "gae": 1}
+    assert isinstance(role_split_estimator({"solver": "grpo", "proposer": "gae"}), AdvantageEstimator)
+
+
+def test_the_preflight_check_reads_the_estimators_sample_need():
+    from nemo_azr.errors import ConfigError
+    from nemo_azr.preflight import load_config
+
+    with pytest.raises(ConfigError, match=r"algorithm.estimator=rloo .* generation.n_samples >= 2 \(got 1\)"):
+        load_config(["algorithm.estimator=rloo", "generation.n_samples=1"])
+    load_config(["algorithm.estimator=reinforce_plus_plus", "generation.n_samples=1"])
