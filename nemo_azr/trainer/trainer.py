@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -9,6 +10,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -104,6 +106,17 @@ class FitResult:
     step: int
     last_metrics: dict[str, float]
     checkpoint: Path | None
+
+
+@dataclass
+class _RunProgress:
+    """What the step loop leaves for the end of a run."""
+
+    dirty: bool  # the weights hold something no checkpoint does
+    resume: Path | None  # the checkpoint the run started from
+    status: str = "completed"
+    last: dict[str, float] = field(default_factory=dict)  # the last step's metrics
+    last_saved: Path | None = None
 
 
 def is_main_process() -> bool:
@@ -815,16 +828,38 @@ class Trainer:
                 self.preemption.uninstall()
 
     def _fit(self) -> FitResult:
+        started = self._start()  # resume, supervised warm-up, KL reference, generation set-up
+        if isinstance(started, FitResult):  # a signal stopped the warm-up
+            return started
+        messages, dirty = started
+        self.preemption.enter("logger start-up (W&B init)", interruptible=False)
+        logger = self._start_logger(messages)
+        self.preemption.enter("training", interruptible=False)
+        run, run_end = _RunProgress(dirty=dirty, resume=self._resume_folder), self._run_end()
+        try:
+            with self._generation_for_run(run_end, logger):
+                self._train_steps(run, run_end, logger)
+                self._final_checkpoint(run)
+        finally:
+            logger.close()
+        return FitResult(
+            status=run.status, step=self.state.step, last_metrics=run.last, checkpoint=run.last_saved
+        )
+
+    def _start(self) -> tuple[list[str], bool] | FitResult:
+        """Everything before the first RL step: the resume checkpoint, the supervised warm-up, the KL
+        reference and the generation backend. Returns the lines to log and whether the weights hold
+        something no checkpoint does, or the result of a run a signal stopped in the warm-up."""
         cfg = self.cfg
         self.preemption.enter("resume load", interruptible=True)
         plan = self._plan_resume()  # verified against its manifest; damaged ones skipped (auto)
         resume = plan.folder
-        logger_msgs = list(plan.notes)
+        messages = list(plan.notes)
         self._resume_folder = resume
         if resume is not None:
             self.load_checkpoint(resume)
             self.state.resume_fallbacks += len(plan.skipped)
-            logger_msgs.append(f"resumed from {resume} (step {self.state.step})")
+            messages.append(f"resumed from {resume} (step {self.state.step})")
         dirty = False  # weights that no checkpoint holds: a warm-up in this process, a trained step
         if (resume is None and cfg.sft_warmup.steps > 0) or self.state.warmup_step is not None:
             self.preemption.enter("supervised warm-up", interruptible=False)
@@ -835,7 +870,7 @@ class Trainer:
             dirty = bool(warmup.losses)
             if warmup.losses:
                 resumed = f" (resumed after step {warmup.step - len(warmup.losses)})" if resume else ""
-                logger_msgs.append(
+                messages.append(
                     f"supervised warm-up: {len(warmup.losses)} steps{resumed}, "
                     f"loss {warmup.losses[0]:.3f} -> {warmup.losses[-1]:.3f}"
                 )
@@ -843,114 +878,75 @@ class Trainer:
                     saved = self.save_checkpoint()
                     self.finalize_checkpoints(blocking=True)
                     dirty = False
-                    logger_msgs.append(f"saved the warmed-up model as {saved}")
+                    messages.append(f"saved the warmed-up model as {saved}")
         if self.ref is not None and cfg.algorithm.kl.reference == "warmup":
-            logger_msgs.append(self._load_warmup_reference())
+            messages.append(self._load_warmup_reference())
         self.preemption.enter("generation set-up", interruptible=False)
         self.setup_generation()
+        return messages, dirty
 
-        self.preemption.enter("logger start-up (W&B init)", interruptible=False)
-        run_config = OmegaConf.to_container(OmegaConf.structured(cfg))
-        main = is_main_process()
-        logger = (
-            MetricsLogger(
+    def _start_logger(self, messages: list[str]) -> MetricsLogger | _NullLogger:
+        """The metrics logger (rank 0; the others log nothing), the resolved config beside the
+        metrics, and the start-up lines."""
+        cfg = self.cfg
+        if is_main_process():
+            logger = MetricsLogger(
                 cfg.logger,
                 self.output_dir,
-                run_config=run_config,
+                run_config=OmegaConf.to_container(OmegaConf.structured(cfg)),
                 total_steps=cfg.trainer.max_steps,
                 start_step=self.state.step,
                 run_name=cfg.experiment_name,
             )
-            if main
-            else _NullLogger()
-        )
-        if main:
             atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
-        for msg in logger_msgs:
+        else:
+            logger = _NullLogger()
+        for msg in messages:
             logger.message(msg)
-        self.preemption.enter("training", interruptible=False)
-        last: dict[str, float] = {}
-        last_saved: Path | None = None
-        status = "completed"
-        # trainer.max_steps_per_run: a SLURM chain link (or a requeued job) trains a slice, then exits 75.
-        per_run = cfg.trainer.max_steps_per_run
-        run_end = min(cfg.trainer.max_steps, self.state.step + per_run) if per_run else cfg.trainer.max_steps
+        return logger
+
+    def _run_end(self) -> int:
+        """The step this process stops at: ``trainer.max_steps``, or the end of a
+        ``max_steps_per_run`` slice (a SLURM chain link or a requeued job trains a slice, then exits 75)."""
+        tr = self.cfg.trainer
+        return (
+            min(tr.max_steps, self.state.step + tr.max_steps_per_run)
+            if tr.max_steps_per_run
+            else tr.max_steps
+        )
+
+    @contextlib.contextmanager
+    def _generation_for_run(self, run_end: int, logger) -> Iterator[None]:
+        """``rollout.async_rollout``: a producer running rollouts ahead (its decode loop in a process of
+        its own with ``async_generation=process``), stopped when the run ends however it ends."""
+        cfg = self.cfg
         in_process_backend = self.backend
-        if cfg.rollout.async_rollout and self.state.step < run_end:
-            self._loader_trained = self.loader.state_dict()
-            warning = uncorrected_lag_warning(cfg)
-            if warning:
-                logger.message(warning)
-            where = async_generation_mode(cfg.rollout.async_generation, device_of(self.backend))
-            own_process = where == "process"
-            if own_process:  # the decode loop in a process of its own; the thread only waits on it
-                logger.message(
-                    f"nemo-azr: starting the generation process (rollout.async_generation="
-                    f"{cfg.rollout.async_generation})"
-                )
-                self.backend = ProcessGenerationBackend(
-                    self.backend, num_threads=cfg.rollout.async_threads or torch.get_num_threads()
-                )
-            self.async_rollout = AsyncRollout(
-                self.produce_rollout,
-                self.backend,
-                start_step=self.state.step,
-                end_step=run_end,
-                max_policy_lag=cfg.rollout.max_policy_lag,
-                seed=cfg.seed,
-                num_threads=0 if own_process else cfg.rollout.async_threads,
-            )
         try:
-            for step in range(self.state.step, cfg.trainer.max_steps):
-                if self._preemption_agreed():  # during start-up, or during the last step's logging
-                    if dirty:
-                        last_saved, dirty = self.save_checkpoint(), False
-                        what = f"saved {last_saved}"
-                    else:
-                        last_saved = last_saved or resume
-                        what = "nothing new to save"
-                    status = "preempted"
-                    logger.message(f"nemo-azr: {self.preemption.describe()}: {what}, exiting for requeue")
-                    break
-                last = self.train_step(step)
-                self.state.step = step + 1
-                dirty = True
-                self.finalize_checkpoints(blocking=False)  # publish a finished background save
-                # On a signal the checkpoint comes first: a log call that fails (W&B's service
-                # process is killed with the job) must not stand between the signal and the save.
-                preempted = self._preemption_agreed()
-                if preempted and _finite_loss(last):
-                    last_saved, dirty = self.save_checkpoint(), False
-                logger.log(step, last)
-                logger.log_samples(step, self.last_samples)
-                _check_finite(last, step)
-                interval = cfg.trainer.save_interval
-                if interval and self.state.step % interval == 0 and dirty:
-                    last_saved, dirty = self.save_checkpoint(), False
-                if preempted:
-                    status = "preempted"
+            if cfg.rollout.async_rollout and self.state.step < run_end:
+                self._loader_trained = self.loader.state_dict()
+                warning = uncorrected_lag_warning(cfg)
+                if warning:
+                    logger.message(warning)
+                where = async_generation_mode(cfg.rollout.async_generation, device_of(self.backend))
+                own_process = where == "process"
+                if own_process:  # the decode loop in a process of its own; the thread only waits on it
                     logger.message(
-                        f"nemo-azr: {self.preemption.describe()}: saved {last_saved}, exiting for requeue"
+                        f"nemo-azr: starting the generation process (rollout.async_generation="
+                        f"{cfg.rollout.async_generation})"
                     )
-                    break
-                if self.state.step >= run_end and self.state.step < cfg.trainer.max_steps:
-                    if last_saved is None or checkpoint_step(last_saved) != self.state.step:
-                        last_saved = self.save_checkpoint()
-                    status = "paused"
-                    logger.message(f"trainer.max_steps_per_run={per_run}: saved {last_saved}, exiting")
-                    break
-            if (
-                status == "completed"
-                and not dirty
-                and resume is not None
-                and checkpoint_step(resume) == self.state.step
-            ):
-                last_saved = resume  # nothing left to train (e.g. a spare chain link): keep the checkpoint
-            elif status == "completed" and (
-                dirty or last_saved is None or checkpoint_step(last_saved) != self.state.step
-            ):
-                last_saved = self.save_checkpoint()
-            self.finalize_checkpoints(blocking=True)  # nothing may be left half-written at exit
+                    self.backend = ProcessGenerationBackend(
+                        self.backend, num_threads=cfg.rollout.async_threads or torch.get_num_threads()
+                    )
+                self.async_rollout = AsyncRollout(
+                    self.produce_rollout,
+                    self.backend,
+                    start_step=self.state.step,
+                    end_step=run_end,
+                    max_policy_lag=cfg.rollout.max_policy_lag,
+                    seed=cfg.seed,
+                    num_threads=0 if own_process else cfg.rollout.async_threads,
+                )
+            yield
         finally:
             if self.async_rollout is not None:
                 self.async_rollout.close()
@@ -958,8 +954,66 @@ class Trainer:
             if self.backend is not in_process_backend:  # the generation process: stop it
                 self.backend.shutdown()
                 self.backend = in_process_backend
-            logger.close()
-        return FitResult(status=status, step=self.state.step, last_metrics=last, checkpoint=last_saved)
+
+    def _train_steps(self, run: _RunProgress, run_end: int, logger) -> None:
+        """The step loop: train, log, checkpoint; stop on a preemption signal (after saving what no
+        checkpoint holds) or at the end of a ``max_steps_per_run`` slice."""
+        cfg = self.cfg
+        for step in range(self.state.step, cfg.trainer.max_steps):
+            if self._preemption_agreed():  # during start-up, or during the last step's logging
+                if run.dirty:
+                    run.last_saved, run.dirty = self.save_checkpoint(), False
+                    what = f"saved {run.last_saved}"
+                else:
+                    run.last_saved = run.last_saved or run.resume
+                    what = "nothing new to save"
+                run.status = "preempted"
+                logger.message(f"nemo-azr: {self.preemption.describe()}: {what}, exiting for requeue")
+                return
+            run.last = self.train_step(step)
+            self.state.step = step + 1
+            run.dirty = True
+            self.finalize_checkpoints(blocking=False)  # publish a finished background save
+            # On a signal the checkpoint comes first: a log call that fails (W&B's service
+            # process is killed with the job) must not stand between the signal and the save.
+            preempted = self._preemption_agreed()
+            if preempted and _finite_loss(run.last):
+                run.last_saved, run.dirty = self.save_checkpoint(), False
+            logger.log(step, run.last)
+            logger.log_samples(step, self.last_samples)
+            _check_finite(run.last, step)
+            interval = cfg.trainer.save_interval
+            if interval and self.state.step % interval == 0 and run.dirty:
+                run.last_saved, run.dirty = self.save_checkpoint(), False
+            if preempted:
+                run.status = "preempted"
+                logger.message(
+                    f"nemo-azr: {self.preemption.describe()}: saved {run.last_saved}, exiting for requeue"
+                )
+                return
+            if self.state.step >= run_end and self.state.step < cfg.trainer.max_steps:
+                if run.last_saved is None or checkpoint_step(run.last_saved) != self.state.step:
+                    run.last_saved = self.save_checkpoint()
+                run.status = "paused"
+                per_run = cfg.trainer.max_steps_per_run
+                logger.message(f"trainer.max_steps_per_run={per_run}: saved {run.last_saved}, exiting")
+                return
+
+    def _final_checkpoint(self, run: _RunProgress) -> None:
+        """A completed run ends with a checkpoint of its last step (the resume checkpoint itself when
+        there was nothing left to train); nothing may be left half-written at exit."""
+        if (
+            run.status == "completed"
+            and not run.dirty
+            and run.resume is not None
+            and (checkpoint_step(run.resume) == self.state.step)
+        ):
+            run.last_saved = run.resume  # nothing left to train (e.g. a spare chain link): keep it
+        elif run.status == "completed" and (
+            run.dirty or run.last_saved is None or checkpoint_step(run.last_saved) != self.state.step
+        ):
+            run.last_saved = self.save_checkpoint()
+        self.finalize_checkpoints(blocking=True)
 
 
 def _read_checkpoint_file(folder: Path, name: str, read):
