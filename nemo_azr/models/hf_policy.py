@@ -146,6 +146,20 @@ class HFPolicy(PPOUpdateMixin):
         self.value_head: torch.nn.Linear | None = None
         self.value_roles: list[str] = []
 
+    # --- what generation and checkpoints read (contracts.policy.Policy) -----------------------------
+    @property
+    def hf_config(self):
+        """The trained model's transformers config."""
+        return self.model.config
+
+    def generation_model(self) -> torch.nn.Module:
+        """The module a generation backend copies: the trained model itself."""
+        return self.model
+
+    def export_hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights in transformers' layout (a refit loads them into a generation copy)."""
+        return self.model.state_dict()
+
     # --- optimisation set-up ----------------------------------------------------------------------
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The model's parameters and, with a shared-trunk critic, its value head's."""

@@ -111,10 +111,7 @@ class HFGenerationBackend(GenerationEngineBase):
         A policy whose training model is not a transformers model (e.g. Megatron shards) exposes
         ``export_hf_state_dict()``: the refit gathers its weights into HF layout first.
         """
-        if hasattr(policy, "export_hf_state_dict"):
-            state = policy.export_hf_state_dict()
-        else:
-            state = (policy.model if hasattr(policy, "model") else policy).state_dict()
+        state = policy.state_dict() if isinstance(policy, torch.nn.Module) else policy.export_hf_state_dict()
         self.model.load_state_dict(state)
         self.version += 1
 

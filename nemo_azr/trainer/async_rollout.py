@@ -127,8 +127,10 @@ class AsyncRollout:
     def push_weights(self, policy, version: int) -> None:
         """The trainer's weights after an update (cloned now: training goes on); the producer loads
         the newest push before its next rollout."""
-        model = policy.model if hasattr(policy, "model") else policy
-        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        weights = (
+            policy.state_dict() if isinstance(policy, torch.nn.Module) else policy.export_hf_state_dict()
+        )
+        state = {k: v.detach().clone() for k, v in weights.items()}
         cloned = None
         if any(v.is_cuda for v in state.values()):
             cloned = torch.cuda.Event()

@@ -220,8 +220,7 @@ class Trainer:
     def _policy_hf_config(self):
         """The policy's transformers config (a megatron policy's ``.model.config`` is megatron's; it
         keeps the HF one as ``.hf_config``)."""
-        hf_config = getattr(self.policy, "hf_config", None)
-        return self.policy.model.config if hf_config is None else hf_config
+        return self.policy.hf_config
 
     def _optimizer_steps_total(self, model=None) -> int:
         """Optimizer steps of the whole run for ``model`` (the policy, or the critic with its own
@@ -712,11 +711,7 @@ class Trainer:
         if backend_cls.reads_policy_in_place:  # megatron: the training weights
             source = self.policy
         else:
-            source = (
-                self.policy.generation_model()
-                if hasattr(self.policy, "generation_model")
-                else self.policy.model
-            )
+            source = self.policy.generation_model()
         self.backend = backend_cls(source, self.tokenizer, **backend_kwargs(cfg.generation))
         self.backend.version = self.state.policy_version
 

@@ -9,6 +9,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
+from nemo_azr.contracts.policy import Policy
 from nemo_azr.models.hf_policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
@@ -133,6 +134,8 @@ def test_sync_weights_copies_and_bumps_version(setup):
             p.add_(0.01)
     assert not torch.equal(next(gen.model.parameters()), next(policy.model.parameters()))
     assert gen.version == 0 and isinstance(gen, GenerationBackend)  # the whole engine Protocol
+    assert isinstance(policy, Policy) and policy.hf_config is policy.model.config
+    assert policy.generation_model() is policy.model
     gen.sync_weights(policy)
     assert gen.version == 1
     for a, b in zip(gen.model.parameters(), policy.model.parameters()):
@@ -402,3 +405,17 @@ def test_the_engine_defaults_answer_every_lifecycle_call():
     with pytest.raises(NotImplementedError):
         engine.sync_weights(None)
     assert not isinstance(engine, GenerationBackend)  # no generate(): not a backend by itself
+
+
+def test_the_megatron_policy_has_every_policy_method():
+    pytest.importorskip("megatron.core")
+    import inspect
+
+    from nemo_azr.contracts.policy import Policy
+    from nemo_azr.models.megatron.policy import MegatronPolicy
+
+    methods = [n for n, _ in inspect.getmembers(Policy, inspect.isfunction) if not n.startswith("_")]
+    assert {"generation_model", "export_hf_state_dict", "compute_logprobs", "update", "save", "load"} <= set(
+        methods
+    )
+    assert all(callable(getattr(MegatronPolicy, n, None)) for n in methods)

@@ -1,0 +1,30 @@
+"""What the trainer, the generation backends and checkpoints need of a policy backend (``hf``,
+``megatron``): one interface behind both, so nothing probes for what a backend has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Policy(Protocol):
+    hf_config: Any  # the transformers config of the model (megatron keeps the HF one it was built from)
+
+    def setup_optimizer(self, total_steps: int) -> None: ...
+
+    def update_schedule(self) -> tuple[int, int, bool]: ...  # (ppo epochs, mini-batch rows, shuffle)
+
+    def compute_logprobs(self, batch: Any) -> torch.Tensor: ...
+
+    def update(self, batch: Any, *, norm_length: int, generator: torch.Generator) -> dict[str, float]: ...
+
+    def save(self, folder: Path, *, tokenizer: Any = None) -> None: ...
+
+    def load(self, folder: Path) -> None: ...
+
+    def generation_model(self) -> torch.nn.Module: ...  # the HF-layout module a generation backend copies
+
+    def export_hf_state_dict(self) -> dict[str, torch.Tensor]: ...  # HF-layout weights for a refit
