@@ -21,9 +21,8 @@ from launcher import records, slurm
 from launcher.errors import LaunchError
 from launcher.render import render_script
 from launcher.spec import JobSpec, build_spec, check_partition
-from nemo_azr.errors import NemoAzrError
+from nemo_azr.errors import run_reporting_errors
 
-EXIT_USAGE = 2
 DEFAULT_LOG_DIR = "slurm_logs"  # cluster.log_dir's default
 RECENT = 10  # submissions `status` shows without job ids
 
@@ -183,14 +182,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        return args.fn(args)
-    except NemoAzrError as exc:
-        print(f"nemo-azr-launch: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("nemo-azr-launch: interrupted", file=sys.stderr)
-        return 130
+    return run_reporting_errors("nemo-azr-launch", args.fn, args)
 
 
 if __name__ == "__main__":

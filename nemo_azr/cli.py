@@ -11,9 +11,7 @@ import contextlib
 import os
 import sys
 
-from nemo_azr.errors import NemoAzrError
-
-EXIT_USAGE = 2
+from nemo_azr.errors import NemoAzrError, run_reporting_errors
 
 
 def _train(overrides: list[str]) -> int:
@@ -306,14 +304,7 @@ def entry() -> None:
 
 
 def _run(fn, args: list[str]) -> int:
-    try:
-        return fn(args)
-    except NemoAzrError as exc:
-        print(f"nemo-azr: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("nemo-azr: interrupted", file=sys.stderr)
-        return 130
+    return run_reporting_errors("nemo-azr", fn, args)
 
 
 if __name__ == "__main__":

@@ -31,3 +31,22 @@ class CheckpointDamagedError(CheckpointError):
 
 class RewardError(NemoAzrError):
     """A reward function returned something unusable (NaN/inf, wrong length)."""
+
+
+EXIT_USAGE = 2  # a user-facing problem (bad config, bad data, damaged checkpoint): fix and rerun
+EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports it
+
+
+def run_reporting_errors(prog: str, fn, *args) -> int:
+    """``fn(*args)``; a :class:`NemoAzrError` becomes one ``<prog>: error: ...`` line and exit 2, Ctrl-C
+    one line and 130 (every command line of the project ends this way; a bug keeps its traceback)."""
+    import sys
+
+    try:
+        return fn(*args)
+    except NemoAzrError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

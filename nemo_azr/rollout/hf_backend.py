@@ -126,16 +126,7 @@ class HFGenerationBackend(GenerationEngineBase):
     # --- generation -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        flat = [r for r in requests for _ in range(sampling.n)]
-        step = self.max_batch_size or len(flat)
-        samples: list[Sample] = []
-        for start in range(0, len(flat), step):
-            samples.extend(self._generate_chunk([r.prompt_ids for r in flat[start : start + step]], sampling))
-        outputs = []
-        for i, req in enumerate(requests):
-            chunk = samples[i * sampling.n : (i + 1) * sampling.n]
-            outputs.append(GenerationOutput(request=req, samples=chunk, policy_version=self.version))
-        return outputs
+        return self.generate_in_chunks(requests, sampling, self._generate_chunk, self.max_batch_size)
 
     def _next_logits(self, ids, attn, pos, past) -> tuple[torch.Tensor, object]:
         """float32 logits[B, V] of the last position, and the updated KV cache.

@@ -67,24 +67,11 @@ class MegatronGenerationBackend(GenerationEngineBase):
     # --- generation -----------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        flat = [r for r in requests for _ in range(sampling.n)]
-        step = self.max_batch_size or len(flat)
-        samples: list[Sample] = []
         was_training = self.model.training
         try:
-            for start in range(0, len(flat), step):
-                chunk = [r.prompt_ids for r in flat[start : start + step]]
-                samples.extend(self._generate_chunk(chunk, sampling))
+            return self.generate_in_chunks(requests, sampling, self._generate_chunk, self.max_batch_size)
         finally:
             self.model.train(was_training)  # the wrapper switches the training model to eval
-        return [
-            GenerationOutput(
-                request=req,
-                samples=samples[i * sampling.n : (i + 1) * sampling.n],
-                policy_version=self.version,
-            )
-            for i, req in enumerate(requests)
-        ]
 
     def _wrapper(self, batch: int, length: int):
         from megatron.core.inference.contexts import StaticInferenceContext
