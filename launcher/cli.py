@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-from launcher import records, slurm
-from launcher.errors import LaunchError
-from launcher.render import render_script
-from launcher.spec import JobSpec, build_spec, check_partition
 from nemo_azr.errors import run_reporting_errors
+from nemo_azr_launch import records, slurm
+from nemo_azr_launch.errors import LaunchError
+from nemo_azr_launch.render import render_script
+from nemo_azr_launch.spec import JobSpec, build_spec, check_partition
 
 DEFAULT_LOG_DIR = "slurm_logs"  # cluster.log_dir's default
 RECENT = 10  # submissions `status` shows without job ids

@@ -1,4 +1,4 @@
-"""Render the sbatch script of a :class:`~launcher.spec.JobSpec` from ``slurm/job.sbatch.tmpl``.
+"""Render the sbatch script of a :class:`~nemo_azr_launch.spec.JobSpec` from ``slurm/job.sbatch.tmpl``.
 
 The template has ``{{name}}`` slots filled with whole blocks built here (headers, env, the srun
 line); conditionals live in Python, so the template stays a plain, readable bash script.
@@ -11,20 +11,22 @@ import shlex
 import sys
 from pathlib import Path
 
-from launcher.errors import LaunchError
-from launcher.spec import JobSpec
+from nemo_azr_launch.errors import LaunchError
+from nemo_azr_launch.spec import JobSpec
 
 TEMPLATE_NAME = "job.sbatch.tmpl"
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
 
 
 def templates_dir() -> Path:
-    """``slurm/`` at the top of the repo (shipped inside the package as ``launcher/templates``)."""
+    """``slurm/`` at the top of the repo (installed as ``nemo_azr_launch/templates``: setup.py maps it)."""
     here = Path(__file__).resolve().parent
     for candidate in (here / "templates", here.parent / "slurm"):
         if (candidate / TEMPLATE_NAME).is_file():
             return candidate
-    raise LaunchError(f"cannot find {TEMPLATE_NAME} in launcher/templates or slurm/; reinstall the package")
+    raise LaunchError(
+        f"cannot find {TEMPLATE_NAME} in nemo_azr_launch/templates or the repo's slurm/; reinstall the package"
+    )
 
 
 def fill(template: str, values: dict[str, str]) -> str:
@@ -89,7 +91,7 @@ def python_for(spec: JobSpec) -> str:
 
 
 def launch_line(spec: JobSpec, workdir: str) -> str:
-    """``srun`` with one task per rank (``launcher.task``) or one ``torchrun`` per node."""
+    """``srun`` with one task per rank (``nemo_azr_launch.task``) or one ``torchrun`` per node."""
     c = spec.cluster
     torchrun = c.launcher == "torchrun"
     srun = ["srun", f"--nodes={c.nodes}", f"--ntasks-per-node={1 if torchrun else c.tasks_per_node}"]
@@ -104,12 +106,12 @@ def launch_line(spec: JobSpec, workdir: str) -> str:
     if torchrun:
         # Rendezvous on the first host of the allocation (MASTER_ADDR, set above in the script).
         cmd = (
-            f"{py} -m launcher.torchrun_node --nnodes={c.nodes} --nproc-per-node={c.tasks_per_node} "
+            f"{py} -m nemo_azr_launch.torchrun_node --nnodes={c.nodes} --nproc-per-node={c.tasks_per_node} "
             '--rdzv-backend=c10d --rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}" --rdzv-id="${SLURM_JOB_ID}" '
             "-m nemo_azr train"
         )
     else:
-        cmd = f"{py} -m launcher.task train"
+        cmd = f"{py} -m nemo_azr_launch.task train"
     return " ".join(shlex.quote(x) for x in srun) + " \\\n    " + cmd + ' "${OVERRIDES[@]}"'
 
 

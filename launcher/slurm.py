@@ -13,8 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import LaunchError
-from launcher.records import base_id
+from nemo_azr_launch.errors import LaunchError
+from nemo_azr_launch.records import base_id
 
 TIMEOUT_S = 60
 

@@ -12,9 +12,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.errors import LaunchError
 from nemo_azr.config.schema import ClusterConfig, NemoAzrConfig
 from nemo_azr.errors import ConfigError
+from nemo_azr_launch.errors import LaunchError
 
 LAUNCHERS = ("srun", "torchrun")
 MEGATRON_BACKEND = "megatron"

@@ -1,6 +1,6 @@
 """One training rank under ``srun`` (``cluster.launcher=srun``): Slurm's task ids -> torch's env vars.
 
-    srun --ntasks-per-node=N python -m launcher.task train OVERRIDE...
+    srun --ntasks-per-node=N python -m nemo_azr_launch.task train OVERRIDE...
 
 Sets ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` from ``SLURM_PROCID``/``SLURM_NTASKS``/
 ``SLURM_LOCALID``/``SLURM_NTASKS_PER_NODE`` (``MASTER_ADDR``/``MASTER_PORT`` come from the batch script)

@@ -1,6 +1,6 @@
 """One ``torchrun`` per node (``cluster.launcher=torchrun``), made preemption-aware.
 
-    srun --ntasks-per-node=1 python -m launcher.torchrun_node --nnodes=2 --nproc-per-node=8 \
+    srun --ntasks-per-node=1 python -m nemo_azr_launch.torchrun_node --nnodes=2 --nproc-per-node=8 \
         --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT -m nemo_azr train OVERRIDE...
 
 Plain torchrun falls short twice: SIGUSR1 (not among the signals it handles) would kill the agent

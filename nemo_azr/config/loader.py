@@ -27,7 +27,7 @@ _MAX_PARTS = 2  # the outer message says where, the first cause says what; deepe
 
 
 def config_dir() -> Path:
-    """The ``conf/`` folder (top level of the repo; shipped inside the package as ``nemo_azr/conf``)."""
+    """The ``conf/`` folder (top level of the repo; installed as ``nemo_azr/conf``: setup.py maps it)."""
     here = Path(__file__).resolve().parent.parent
     for candidate in (here / "conf", here.parent / "conf"):
         if (candidate / f"{DEFAULT_CONFIG_NAME}.yaml").is_file():

@@ -14,7 +14,7 @@ the run is in (:meth:`PreemptionFlag.phase`):
 - every other phase (supervised warm-up, W&B init, the training steps) only records the signal;
   the code checks :attr:`PreemptionFlag.requested` at its next safe point and saves first.
 
-This module imports nothing heavy: ``launcher.torchrun_node`` and the CLI import it before torch.
+This module imports nothing heavy: ``nemo_azr_launch.torchrun_node`` and the CLI import it before torch.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ _SUBMITTED = re.compile(r"^submitted (?:job|chain of \d+|array of \d+): ([\d ]+)
 
 
 def launch_cmd(console_script: bool) -> list[str]:
-    """``nemo-azr-launch`` (the console script next to this interpreter) or ``python -m launcher``."""
+    """``nemo-azr-launch`` (the console script next to this interpreter) or ``python -m nemo_azr_launch``."""
     script = Path(sys.executable).with_name("nemo-azr-launch")
-    return [str(script)] if console_script and script.is_file() else [sys.executable, "-m", "launcher"]
+    return [str(script)] if console_script and script.is_file() else [sys.executable, "-m", "nemo_azr_launch"]
 
 
 def launch(*args: str, console_script: bool = False) -> subprocess.CompletedProcess:

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from launcher import cli
-from launcher.render import fill
+from nemo_azr_launch import cli
+from nemo_azr_launch.render import fill
 
 BASE = ["trainer.max_steps=3", "logger=quiet"]
 
@@ -65,7 +65,7 @@ def test_single_job_headers_and_srun_line(capsys, tmp_path):
     assert "export FOO='bar baz'" in out
     assert "CHAIN=0" in out
     assert re.search(r"^srun --nodes=1 --ntasks-per-node=1 --kill-on-bad-exit=0 \\$", out, re.M)
-    assert re.search(r'-m launcher\.task train "\$\{OVERRIDES\[@\]\}" &$', out, re.M)
+    assert re.search(r'-m nemo_azr_launch\.task train "\$\{OVERRIDES\[@\]\}" &$', out, re.M)
     assert "--container-image" not in out
     overrides = re.search(r"^OVERRIDES=\((.*)\)$", out, re.M).group(1)
     assert "trainer.max_steps=3" in overrides and "cluster.partition=batch" in overrides
@@ -97,7 +97,7 @@ def test_torchrun_per_node_with_pyxis_container(capsys, tmp_path):
     assert "--container-mounts=/lustre:/lustre,/home:/home:ro" in srun
     assert f"--container-workdir={os.getcwd()}" in srun
     launch = out[out.index(srun) + len(srun) :].splitlines()[1].strip()
-    assert launch.startswith("python -m launcher.torchrun_node --nnodes=2 --nproc-per-node=2 ")
+    assert launch.startswith("python -m nemo_azr_launch.torchrun_node --nnodes=2 --nproc-per-node=2 ")
     assert '--rdzv-endpoint="${MASTER_ADDR}:${MASTER_PORT}"' in launch
     assert launch.endswith('-m nemo_azr train "${OVERRIDES[@]}" &')
 

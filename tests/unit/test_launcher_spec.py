@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from launcher import cli, records, slurm
-from launcher.spec import expand_sweep, time_limit_s
-from launcher.task import rank_env
-from launcher.torchrun_node import exit_status
+from nemo_azr_launch import cli, records, slurm
+from nemo_azr_launch.spec import expand_sweep, time_limit_s
+from nemo_azr_launch.task import rank_env
+from nemo_azr_launch.torchrun_node import exit_status
 
 BASE = ["trainer.max_steps=3", "logger=quiet"]
 
