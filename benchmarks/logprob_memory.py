@@ -224,7 +224,7 @@ def main(argv=None) -> None:
     ap.add_argument("--out-dir", default=str(RESULTS_DIR))
     args = ap.parse_args(argv)
     if args.chunk_size <= 0:
-        from nemo_azr.models.hf_policy import auto_chunk_size
+        from nemo_azr.models.hf.policy import auto_chunk_size
 
         args.chunk_size = auto_chunk_size(args.vocab)
     if args.worker:

@@ -42,7 +42,7 @@ from nemo_azr.contracts import Batch  # noqa: E402
 from nemo_azr.contracts import fields as F  # noqa: E402
 from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
 from nemo_azr.contracts.generation import GenerationRequest, SamplingParams  # noqa: E402
-from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
+from nemo_azr.models.hf.policy import HFPolicy  # noqa: E402
 from nemo_azr.models.tiny import resolve_model_path  # noqa: E402
 from nemo_azr.preflight import load_config  # noqa: E402
 from nemo_azr.rollout.hf_backend import HFGenerationBackend  # noqa: E402

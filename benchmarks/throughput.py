@@ -54,9 +54,9 @@ sys.path.insert(0, str(ROOT))
 from nemo_azr.contracts import Batch  # noqa: E402
 from nemo_azr.contracts import fields as F  # noqa: E402
 from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
-from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
-from nemo_azr.models.microbatch import real_lengths  # noqa: E402
+from nemo_azr.models.hf.policy import HFPolicy  # noqa: E402
 from nemo_azr.models.tiny import resolve_model_path  # noqa: E402
+from nemo_azr.models.training.microbatch import real_lengths  # noqa: E402
 from nemo_azr.preflight import load_config  # noqa: E402
 
 UPDATE_CASES = {

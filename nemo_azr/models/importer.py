@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.cache import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, file_lock
+from nemo_azr.models.hf.cache import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, file_lock
 
 MODELS_SUBDIR = "models"
 MARKER_FILE = "nemo_azr_import.json"  # written last: a folder without it is not a finished import

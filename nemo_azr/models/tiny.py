@@ -29,7 +29,7 @@ from transformers import (
 
 from nemo_azr.config.schema import TinyModelConfig
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.cache import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, file_lock
+from nemo_azr.models.hf.cache import CACHE_ENV_VAR, DEFAULT_CACHE_ROOT, file_lock
 from nemo_azr.models.importer import PRESETS, ensure_preset
 from nemo_azr.models.tokenizer_build import (
     EOS_TOKEN,

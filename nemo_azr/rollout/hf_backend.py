@@ -13,7 +13,7 @@ import torch
 
 from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, Sample, SamplingParams
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.shared_prefix import cache_keyword, distinct_rows
+from nemo_azr.models.training.shared_prefix import cache_keyword, distinct_rows
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.static_decode import DECODE_MODES, StaticDecoder, static_decode_unsupported

@@ -46,9 +46,9 @@ from nemo_azr.errors import (
     ConfigError,
     RewardError,
 )
-from nemo_azr.models.critic_common import CRITIC_DIR
-from nemo_azr.models.hf_critic import SharedTrunkCritic
+from nemo_azr.models.hf.critic import SharedTrunkCritic
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
+from nemo_azr.models.training.critic_common import CRITIC_DIR
 from nemo_azr.registry import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_BACKENDS,

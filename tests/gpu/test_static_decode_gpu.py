@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 from nemo_azr.config.schema import NemoAzrConfig, TinyModelConfig  # noqa: E402
 from nemo_azr.contracts.generation import GenerationRequest, SamplingParams  # noqa: E402
-from nemo_azr.models.hf_policy import HFPolicy  # noqa: E402
+from nemo_azr.models.hf.policy import HFPolicy  # noqa: E402
 from nemo_azr.models.tiny import ensure_tiny_model, load_tokenizer  # noqa: E402
 from nemo_azr.rollout.hf_backend import HFGenerationBackend  # noqa: E402
 from nemo_azr.rollout.single_turn import encode_prompt  # noqa: E402

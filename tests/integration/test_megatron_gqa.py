@@ -98,7 +98,7 @@ def test_tp3_logits_logprobs_and_gathered_weights_match_hf(tp3_run, gqa_warm_mod
     from transformers import AutoModelForCausalLM
 
     from nemo_azr.contracts import Batch
-    from nemo_azr.models.hf_policy import HFPolicy
+    from nemo_azr.models.hf.policy import HFPolicy
 
     got = torch.load(tp3_run / "parity_tp3.pt")
     hf = AutoModelForCausalLM.from_pretrained(str(gqa_warm_model), dtype=torch.float32).eval()

@@ -218,7 +218,7 @@ def test_virtual_pipeline_matches_hf(two_ranks, setup):
 )
 def test_pipelined_token_budget_micro_batches_match_hf(two_ranks, setup, name, family):
     """Micro-batches of three shapes through 1F1B and the interleaved schedule (plus a filler)."""
-    from nemo_azr.models.microbatch import token_budget_groups
+    from nemo_azr.models.training.microbatch import token_budget_groups
 
     lengths = torch.load(setup["batch_file"])["attention_mask"].sum(dim=1).tolist()
     assert token_budget_groups(lengths, BUDGET, packed=False) == [[0], [1], [2, 3]]

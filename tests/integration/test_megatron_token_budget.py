@@ -25,7 +25,7 @@ pytest.importorskip("megatron.core")
 from nemo_azr.algorithms.off_policy import rollout_is_weights  # noqa: E402
 from nemo_azr.contracts import fields as F  # noqa: E402
 from nemo_azr.contracts.assemble import pack_prompt_response  # noqa: E402
-from nemo_azr.models.microbatch import token_budget_groups  # noqa: E402
+from nemo_azr.models.training.microbatch import token_budget_groups  # noqa: E402
 from tests.integration.megatron_budget_worker import run_variant  # noqa: E402
 from tests.integration.torchrun import run_torchrun_worker  # noqa: E402
 

@@ -273,7 +273,7 @@ def test_tp2_resume_continues_the_same_metrics(layouts_run):
 
 def test_checkpoint_loads_at_other_layouts_with_identical_logprobs(layouts_run, tiny_cache):
     from nemo_azr.contracts import Batch
-    from nemo_azr.models.hf_policy import HFPolicy
+    from nemo_azr.models.hf.policy import HFPolicy
 
     batch = Batch(tensors=torch.load(layouts_run / "batch.pt"))
     export = layouts_run / "run_a" / "checkpoints" / "step_4" / "model"
@@ -290,7 +290,7 @@ def test_convert_round_trip_is_exact_and_the_result_is_a_model_path(warm_model, 
 
     from nemo_azr.cli import main as cli_main
     from nemo_azr.contracts import Batch
-    from nemo_azr.models.hf_policy import HFPolicy
+    from nemo_azr.models.hf.policy import HFPolicy
 
     mg, hf = tmp_path / "mg", tmp_path / "hf"
     assert cli_main(["convert", "hf-to-megatron", warm_model, str(mg)]) == 0

@@ -18,7 +18,7 @@ import torch
 
 import nemo_azr.preflight as config_loader
 from nemo_azr.cli import main as nemo_azr_main
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 from nemo_azr.trainer.preemption import EXIT_PREEMPTED
 from nemo_azr.trainer.trainer import SFT_WARMUP_FILE, Trainer

@@ -9,7 +9,7 @@ from nemo_azr.algorithms.value_loss import clipped_value_loss, explained_varianc
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError, CheckpointError
-from nemo_azr.models.hf_critic import HFCritic
+from nemo_azr.models.hf.critic import HFCritic
 from nemo_azr.preflight import load_config
 
 D = torch.float64

@@ -25,7 +25,7 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.single_turn import encode_prompt
 

@@ -14,9 +14,9 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
-from nemo_azr.models.hf_policy import HFPolicy
-from nemo_azr.models.ppo_update import add_micro_metrics
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
+from nemo_azr.models.training.ppo_update import add_micro_metrics
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.trainer.trainer import Trainer
 

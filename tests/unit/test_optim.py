@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from nemo_azr.models.optim import lr_factor
+from nemo_azr.models.training.optim import lr_factor
 
 
 def test_linear_warmup_then_constant():

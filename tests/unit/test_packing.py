@@ -9,9 +9,9 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.errors import BatchContractError, ConfigError
-from nemo_azr.models.hf_policy import HFPolicy
-from nemo_azr.models.microbatch import micro_batches, token_budget_groups, trim_padding
-from nemo_azr.models.packing import pack_layout
+from nemo_azr.models.hf.policy import HFPolicy
+from nemo_azr.models.training.microbatch import micro_batches, token_budget_groups, trim_padding
+from nemo_azr.models.training.packing import pack_layout
 from nemo_azr.preflight import load_config
 
 

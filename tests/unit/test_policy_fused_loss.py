@@ -10,7 +10,7 @@ import torch
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.single_turn import encode_prompt
 

@@ -9,7 +9,7 @@ import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.process_backend import GenerationProcessError, ProcessGenerationBackend

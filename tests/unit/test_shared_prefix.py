@@ -12,8 +12,8 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.errors import ConfigError
-from nemo_azr.models import shared_prefix as sp
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.policy import HFPolicy
+from nemo_azr.models.training import shared_prefix as sp
 from nemo_azr.preflight import load_config
 
 
@@ -128,6 +128,6 @@ def test_shuffled_mini_batches_keep_the_rows_of_a_prefix_together(tiny_cache, ti
         seen.append((len(ids), len(torch.unique(key, dim=0)), out is not None))
         return out
 
-    monkeypatch.setattr("nemo_azr.models.hf_policy.shared_prefix_decoder_forward", spy)
+    monkeypatch.setattr("nemo_azr.models.hf.policy.shared_prefix_decoder_forward", spy)
     policy.update(batch, norm_length=16, generator=torch.Generator().manual_seed(3))
     assert seen == [(8, 2, True), (1, 1, False)]

@@ -9,8 +9,8 @@ from nemo_azr.algorithms.value_loss import clipped_value_loss
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import CheckpointError
-from nemo_azr.models.hf_critic import SharedTrunkCritic
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.critic import SharedTrunkCritic
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.preflight import load_config
 
 

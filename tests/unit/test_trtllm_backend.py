@@ -13,7 +13,7 @@ import torch
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.hf_policy import HFPolicy
+from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.trtllm_weights import (
     RefitError,

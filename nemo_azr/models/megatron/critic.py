@@ -25,11 +25,16 @@ from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.distributed.parallel import global_rank
 from nemo_azr.errors import CheckpointError
-from nemo_azr.models.critic_common import CRITIC_DIR, NO_CRITIC_HINT, ValueModelMixin, pick_role_values
 from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint, save_dist_checkpoint
 from nemo_azr.models.megatron.logprobs import VALUE_HEAD, megatron_token_values, value_head_outputs
 from nemo_azr.models.megatron.policy import MegatronPolicy
-from nemo_azr.models.ppo_update import micro_metric
+from nemo_azr.models.training.critic_common import (
+    CRITIC_DIR,
+    NO_CRITIC_HINT,
+    ValueModelMixin,
+    pick_role_values,
+)
+from nemo_azr.models.training.ppo_update import micro_metric
 from nemo_azr.registry import CRITIC_BACKENDS
 
 __all__ = ["MegatronCritic"]

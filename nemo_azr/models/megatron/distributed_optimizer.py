@@ -22,7 +22,7 @@ import torch
 
 from nemo_azr.config.schema import OptimConfig
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.optim import lr_schedule
+from nemo_azr.models.training.optim import lr_schedule
 
 __all__ = ["ShardedAdamW", "wrap_for_distributed_optimizer"]
 

@@ -19,7 +19,7 @@ tensor-parallel group. With pipeline parallelism the forward runs through megatr
 
 Micro-batches through the pipeline schedule are row groups of the compacted batch: consecutive
 pieces of ``micro_batch_size`` rows, all of one shape (megatron's fixed p2p shape), or with
-``max_tokens > 0`` token-budget groups (``models/microbatch.py``), each trimmed to its longest row;
+``max_tokens > 0`` token-budget groups (``models/training/microbatch.py``), each trimmed to its longest row;
 micro-batches of different shapes turn on megatron's ``variable_seq_lengths`` (each send is
 preceded by its shape).
 """
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from nemo_azr.kernels import linear_token_logprobs
-from nemo_azr.models.microbatch import row_groups
+from nemo_azr.models.training.microbatch import row_groups
 
 __all__ = [
     "VALUE_HEAD",

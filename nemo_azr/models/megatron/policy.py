@@ -1,6 +1,6 @@
 """``megatron`` policy backend: a megatron-core ``GPTModel`` (tensor/pipeline/data parallel) trained like ``hf``.
 
-Same interface and maths as :class:`nemo_azr.models.hf_policy.HFPolicy` (the non-fused path): the loss
+Same interface and maths as :class:`nemo_azr.models.hf.policy.HFPolicy` (the non-fused path): the loss
 is ``policy_objective`` on the log-probs of :func:`megatron_token_logprobs`, with the same global
 normalisers, micro-batch accumulation, AdamW + LR schedule and grad clipping (over the whole model:
 the norm sums each tensor/pipeline shard once).
@@ -15,7 +15,7 @@ parallelism a rank's rows go through megatron's schedule (1F1B / interleaved) in
 ``parallel.micro_batch_size``-row micro-batches; the last stage computes the loss.
 
 With ``algorithm.max_tokens_per_microbatch > 0`` each rank groups its rows by that token budget
-instead (``models/microbatch.py``; the cost of a micro-batch is rows x its longest row, which is what
+instead (``models/training/microbatch.py``; the cost of a micro-batch is rows x its longest row, which is what
 megatron runs after moving each row's real tokens to the front), on one stage and through the
 pipeline schedule (micro-batches of varying shapes: ``logprobs.run_pipeline``). Data-parallel ranks
 may then run different numbers of micro-batches: the only data-parallel collectives (gradient
@@ -47,9 +47,15 @@ from nemo_azr.config.parallel_validate import validate_parallel
 from nemo_azr.config.schema import NemoAzrConfig, OptimConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.distributed.collectives import (
+    broadcast_metric_dict,
+    broadcast_state_dict,
+    gather_metric_dicts,
+    gather_strided_rows,
+)
 from nemo_azr.distributed.parallel import ParallelLayout, global_rank, initialize_parallel, world_size
 from nemo_azr.errors import CheckpointError
-from nemo_azr.models.hf_policy import auto_chunk_size
+from nemo_azr.models.hf.policy import auto_chunk_size
 from nemo_azr.models.megatron.builder import build_gpt_model
 from nemo_azr.models.megatron.dist_ckpt import load_dist_checkpoint, save_dist_checkpoint
 from nemo_azr.models.megatron.distributed_optimizer import ShardedAdamW, wrap_for_distributed_optimizer
@@ -68,9 +74,9 @@ from nemo_azr.models.megatron.logprobs import (
     pipeline_micro_batches,
     run_pipeline,
 )
-from nemo_azr.models.microbatch import real_lengths, row_groups
-from nemo_azr.models.optim import build_optimizer
-from nemo_azr.models.ppo_update import (
+from nemo_azr.models.training.microbatch import real_lengths, row_groups
+from nemo_azr.models.training.optim import build_optimizer
+from nemo_azr.models.training.ppo_update import (
     PPOUpdateMixin,
     add_micro_metrics,
     in_loss_rollout_logprobs,
@@ -238,16 +244,8 @@ class MegatronPolicy(PPOUpdateMixin):
             full.setdefault("lm_head.weight", full["model.embed_tokens.weight"])
         if world_size() == 1:
             return full
-        # Rank 0 holds the gathered dict; every rank refits its own generation copy, so broadcast
-        # the key/shape list once (small) and then each tensor.
-        meta = [[(k, tuple(v.shape), v.dtype) for k, v in full.items()] if global_rank() == 0 else None]
-        dist.broadcast_object_list(meta, src=0)
-        out: dict[str, torch.Tensor] = {}
-        for key, shape, dtype in meta[0]:
-            t = full[key].contiguous() if global_rank() == 0 else torch.empty(shape, dtype=dtype)
-            dist.broadcast(t, src=0)
-            out[key] = t
-        return out
+        # Rank 0 holds the gathered dict; every rank refits its own generation copy.
+        return broadcast_state_dict(full if global_rank() == 0 else None, src=0)
 
     def _hf_copy(self) -> torch.nn.Module:
         """A transformers model (local files only) holding the current weights."""
@@ -307,17 +305,8 @@ class MegatronPolicy(PPOUpdateMixin):
             return local
         from megatron.core import parallel_state as ps
 
-        # Strided rows: rank r holds rows r, r+dp, ...; pad every rank to the same row count.
-        per_rank = -(-len(batch) // dp)
-        padded = torch.zeros(per_rank, batch.seq_len)
-        padded[: len(local)] = local
-        parts = [torch.empty_like(padded) for _ in range(dp)]
-        dist.all_gather(parts, padded, group=ps.get_data_parallel_group())
-        out = torch.zeros(len(batch), batch.seq_len)
-        for r, part in enumerate(parts):
-            idx = torch.arange(r, len(batch), dp)
-            out[idx] = part[: len(idx)]
-        return out
+        # Strided rows: rank r holds rows r, r+dp, ...
+        return gather_strided_rows(local, len(batch), dp, ps.get_data_parallel_group())
 
     # --- gradients of a mini-batch -----------------------------------------------------------------
     def backward_rows(
@@ -359,9 +348,7 @@ class MegatronPolicy(PPOUpdateMixin):
             if dp > 1:
                 all_reduce_data_parallel_grads(self.model.parameters(), ps.get_data_parallel_group())
         if dp > 1:
-            gathered: list[dict[str, float]] = [{} for _ in range(dp)]
-            dist.all_gather_object(gathered, dict(metrics), group=ps.get_data_parallel_group())
-            metrics = merge_rank_metrics(gathered)
+            metrics = merge_rank_metrics(gather_metric_dicts(metrics, dp, ps.get_data_parallel_group()))
         return dict(metrics)
 
     def _backward_pipelined(self, rows: Batch, loss_fn: MicroLossFn, entropy: bool) -> dict[str, float]:
@@ -404,13 +391,13 @@ class MegatronPolicy(PPOUpdateMixin):
         for out in outputs:
             loss = torch.tensor(out.pop("loss"))
             add_micro_metrics(metrics, loss, out, weight=1.0, prefix=self.metric_prefix)
-        box = [dict(metrics)]
-        dist.broadcast_object_list(
-            box, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+        return broadcast_metric_dict(
+            metrics,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
         )
-        return box[0]
 
-    # --- RL update: PPOUpdateMixin (models/ppo_update.py) ---------------------------------------
+    # --- RL update: PPOUpdateMixin (models/training/ppo_update.py) ---------------------------------------
     def accumulate_gradients(self, mb: Batch, *, num_tokens: float, norm_length: int) -> dict[str, float]:
         def objective(
             micro: Batch, logprobs: torch.Tensor, entropy: torch.Tensor | None

@@ -9,7 +9,7 @@ the state from which token ``t`` is chosen, and 0 where ``loss_mask`` is 0. A ro
 of its ``role`` (self-play: solver and proposer never share a baseline).
 
 Training: the clipped value loss (:mod:`nemo_azr.algorithms.value_loss`) in the shared update loop
-(:class:`~nemo_azr.models.ppo_update.PPOUpdateMixin`: epochs x mini-batches x micro-batches with
+(:class:`~nemo_azr.models.training.ppo_update.PPOUpdateMixin`: epochs x mini-batches x micro-batches with
 the mini-batch's normalisers), its own AdamW and schedule (``critic.optim``).
 """
 
@@ -29,7 +29,9 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import CheckpointError
-from nemo_azr.models.critic_common import (
+from nemo_azr.models.hf.checkpoint import load_training_state, load_weights, save_training_state
+from nemo_azr.models.hf.policy import decoder_hidden_states, forward_layout
+from nemo_azr.models.training.critic_common import (
     CRITIC_DIR,
     NO_CRITIC_HINT,
     ValueModelMixin,
@@ -37,10 +39,8 @@ from nemo_azr.models.critic_common import (
     require_value_targets,
     value_batch_metrics,
 )
-from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
-from nemo_azr.models.hf_policy import decoder_hidden_states, forward_layout
-from nemo_azr.models.optim import build_optimizer
-from nemo_azr.models.ppo_update import PPOUpdateMixin
+from nemo_azr.models.training.optim import build_optimizer
+from nemo_azr.models.training.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
 
 #: A shared-trunk critic's head inside a checkpoint's ``critic/`` (the trunk is the policy's).

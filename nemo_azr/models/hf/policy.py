@@ -24,12 +24,12 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import position_ids_from_mask
 from nemo_azr.errors import BatchContractError, CheckpointError, ConfigError
 from nemo_azr.kernels import fused_linear_policy_loss, linear_token_logprobs
-from nemo_azr.models.hf_checkpoint import load_training_state, load_weights, save_training_state
-from nemo_azr.models.microbatch import trim_padding
-from nemo_azr.models.optim import build_optimizer
-from nemo_azr.models.packing import packed_decoder_forward
-from nemo_azr.models.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
-from nemo_azr.models.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
+from nemo_azr.models.hf.checkpoint import load_training_state, load_weights, save_training_state
+from nemo_azr.models.training.microbatch import trim_padding
+from nemo_azr.models.training.optim import build_optimizer
+from nemo_azr.models.training.packing import packed_decoder_forward
+from nemo_azr.models.training.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
+from nemo_azr.models.training.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
 from nemo_azr.registry import POLICY_BACKENDS
 
 hf_logging.disable_progress_bar()
@@ -70,8 +70,8 @@ def decoder_hidden_states(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The last hidden states ``[B, T, H]`` of ``model``'s decoder (its trunk, no head) and
     ``input_ids[B, T]``, on ``device``; positions count each row's real tokens from 0. ``packed``:
-    only the real tokens run, as one packed sequence (``model.sequence_packing``, models/packing.py).
-    ``shared_prefix``: a prefix several rows share runs once (``model.shared_prefix``, models/shared_prefix.py)."""
+    only the real tokens run, as one packed sequence (``model.sequence_packing``, models/training/packing.py).
+    ``shared_prefix``: a prefix several rows share runs once (``model.shared_prefix``, models/training/shared_prefix.py)."""
     ids = batch[F.INPUT_IDS].to(device)
     attn = batch[F.ATTENTION_MASK].to(device)
     pos = batch.get(F.POSITION_IDS)
@@ -185,7 +185,7 @@ class HFPolicy(PPOUpdateMixin):
     def values_from_hidden(self, hidden: torch.Tensor, batch: Batch) -> torch.Tensor:
         """``values[B, T]`` of the value head on ``hidden[B, T, H]``: each row's role head at the
         position before each trained token (aligned like the log-probs), 0 elsewhere."""
-        from nemo_azr.models.critic_common import pick_role_values
+        from nemo_azr.models.training.critic_common import pick_role_values
 
         per_head = torch.nn.functional.pad(self.value_head(hidden[:, :-1]).float().permute(2, 0, 1), (1, 0))
         return pick_role_values(per_head, batch, self.value_roles) * (batch[F.LOSS_MASK].to(self.device) > 0)
@@ -248,7 +248,7 @@ class HFPolicy(PPOUpdateMixin):
             return to_bt(out[0]), to_bt(out[1])
         return to_bt(out)
 
-    # --- RL update: PPOUpdateMixin (models/ppo_update.py) ---------------------------------------
+    # --- RL update: PPOUpdateMixin (models/training/ppo_update.py) ---------------------------------------
     def micro_objective(
         self, micro: Batch, *, num_tokens: float, num_seqs: int, norm_length: int, fused: bool | None = None
     ) -> tuple[torch.Tensor, dict[str, float]]:

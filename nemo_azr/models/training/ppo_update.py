@@ -17,7 +17,7 @@ import torch
 
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.models.microbatch import MicroBatch, gather_micro_outputs, micro_batches
+from nemo_azr.models.training.microbatch import MicroBatch, gather_micro_outputs, micro_batches
 
 #: Metrics that are already divided by the global normalisers, so micro-batch values add up.
 SUMMED_METRICS = (
@@ -94,7 +94,7 @@ class PPOUpdateMixin:
 
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """``batch`` in forward/backward pieces: ``micro_batch_rows()`` rows each, or by the token
-        budget ``algorithm.max_tokens_per_microbatch`` (models/microbatch.py)."""
+        budget ``algorithm.max_tokens_per_microbatch`` (models/training/microbatch.py)."""
         return micro_batches(
             batch,
             rows=self.micro_batch_rows(),

@@ -1,8 +1,8 @@
 """What every critic backend shares: heads per role, its update schedule and its step metrics.
 
-A critic is a :class:`~nemo_azr.models.ppo_update.PPOUpdateMixin` model whose "log-probs" are values:
+A critic is a :class:`~nemo_azr.models.training.ppo_update.PPOUpdateMixin` model whose "log-probs" are values:
 ``token_values(batch) -> [B, T]`` (the head of each row's role at the position before each trained
-token, 0 elsewhere) trained with the clipped value loss. Backends: ``hf`` (hf_critic.py) and
+token, 0 elsewhere) trained with the clipped value loss. Backends: ``hf`` (models/hf/critic.py) and
 ``megatron`` (megatron/critic.py).
 """
 

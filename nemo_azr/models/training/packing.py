@@ -15,7 +15,7 @@ import torch
 
 from nemo_azr.contracts.assemble import position_ids_from_mask
 from nemo_azr.errors import BatchContractError
-from nemo_azr.models.microbatch import token_budget_groups
+from nemo_azr.models.training.microbatch import token_budget_groups
 
 
 def pack_layout(lengths: list[int]) -> tuple[int, int, list[int]]:
