@@ -36,9 +36,11 @@ def test_accuracy_reward(gold: str, response: str, expected: float) -> None:
     "response", ["8" * 50_000, "x" * 200_000, "10**10**10", "9^9^9^9", "(10^9)!", None, 8]
 )
 def test_pathological_input_is_zero_and_fast(response) -> None:
-    start = time.monotonic()
+    # This process's CPU time, not the wall clock: a loaded machine must not fail the test, while a
+    # parser that evaluates 10**10**10 or backtracks over 200k characters still would.
+    start = time.process_time()
     assert accuracy_reward("8", response) == (1.0 if response == 8 else 0.0)  # int 8 is coerced
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 10
 
 
 def test_non_math_gold_falls_back_to_exact_match() -> None:
