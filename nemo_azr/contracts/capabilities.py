@@ -1,4 +1,5 @@
-"""Optional capabilities of components, as runtime-checkable Protocols (checked with ``isinstance``)."""
+"""Workflows, and the optional capabilities of workflows and tasks, as runtime-checkable Protocols
+(checked with ``isinstance``)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,12 @@ class SupervisedWarmupPairs(Protocol):
     (prompt token ids, target token ids) per example, in the workflow's turn format."""
 
     def sft_pairs(self, examples: list[Any]) -> list[tuple[list[int], list[int]]]: ...
+
+
+@runtime_checkable
+class Workflow(Protocol):
+    """A rollout workflow (registry ``WORKFLOWS``; built as ``cls(task, tokenizer, cfg)``): one step's
+    prompts in, the step's ``Batch`` out (tokens, masks, rollout log-probs, rewards, per-row meta),
+    generating through ``backend`` only."""
+
+    def run(self, examples: list[Any], backend: Any, sampling: Any, *, step: int) -> Any: ...

@@ -1,5 +1,5 @@
-"""What the trainer, the generation backends and checkpoints need of a policy backend (``hf``,
-``megatron``): one interface behind both, so nothing probes for what a backend has."""
+"""What the trainer, the generation backends and checkpoints need of a policy backend and of a critic
+(``hf``, ``megatron``): one interface behind each, so nothing probes for what a backend has."""
 
 from __future__ import annotations
 
@@ -28,3 +28,20 @@ class Policy(Protocol):
     def generation_model(self) -> torch.nn.Module: ...  # the HF-layout module a generation backend copies
 
     def export_hf_state_dict(self) -> dict[str, torch.Tensor]: ...  # HF-layout weights for a refit
+
+
+@runtime_checkable
+class Critic(Protocol):
+    """PPO's value model (``hf``, the policy's shared trunk, or ``megatron``)."""
+
+    def setup_optimizer(self, total_steps: int) -> None: ...
+
+    def update_schedule(self) -> tuple[int, int, bool]: ...
+
+    def compute_values(self, batch: Any) -> torch.Tensor: ...  # rollout-time values [B, T]
+
+    def update(self, batch: Any, *, norm_length: int, generator: torch.Generator) -> dict[str, float]: ...
+
+    def save(self, folder: Path) -> None: ...
+
+    def load(self, folder: Path) -> None: ...

@@ -53,3 +53,30 @@ def test_the_preflight_check_reads_the_estimators_sample_need():
     with pytest.raises(ConfigError, match=r"algorithm.estimator=rloo .* generation.n_samples >= 2 \(got 1\)"):
         load_config(["algorithm.estimator=rloo", "generation.n_samples=1"])
     load_config(["algorithm.estimator=reinforce_plus_plus", "generation.n_samples=1"])
+
+
+def test_registered_workflows_and_critics_implement_their_protocols():
+    import inspect
+
+    import nemo_azr.plugins  # noqa: F401
+    from nemo_azr.contracts.capabilities import Workflow
+    from nemo_azr.contracts.policy import Critic
+    from nemo_azr.models.hf.critic import HFCritic, SharedTrunkCritic
+    from nemo_azr.registry import WORKFLOWS
+
+    classes = [WORKFLOWS.get(n) for n in WORKFLOWS.names() if inspect.isclass(WORKFLOWS.get(n))]
+    assert len(classes) >= 4  # single_turn, azr, rlcr_two_turn, rlcr_single_turn ("rlcr" is a factory)
+    for cls in classes:
+        assert callable(getattr(cls, "run", None)), cls.__name__
+    assert "run" in dict(inspect.getmembers(Workflow, inspect.isfunction))
+    methods = [n for n, _ in inspect.getmembers(Critic, inspect.isfunction) if not n.startswith("_")]
+    assert {"compute_values", "update", "save", "load", "setup_optimizer"} <= set(methods)
+    critics = [HFCritic, SharedTrunkCritic]
+    try:
+        from nemo_azr.models.megatron.critic import MegatronCritic
+
+        critics.append(MegatronCritic)
+    except ImportError:  # megatron-core not installed
+        pass
+    for cls in critics:
+        assert all(callable(getattr(cls, n, None)) for n in methods), cls.__name__
