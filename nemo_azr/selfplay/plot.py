@@ -1,4 +1,5 @@
-"""Plot of a self-play run: learnable ratio and proposer reward over steps (from metrics.jsonl)."""
+"""Plot of a self-play run over steps (from metrics.jsonl): learnable ratios, proposer reward, and the
+proposer's parse rate with the solver's safety and completion."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ SERIES = {
     "unified_filter/learnable_ratio": "learnable ratio (final groups)",
     "unified_filter/initial_learnable_ratio": "learnable ratio (first proposals)",
     "proposer/reward_mean": "proposer reward",
+    "proposer/valid_task_rate": "proposer parse rate",
+    "harm/safety_score_mean": "solver safety",
+    "harm/completion_score_mean": "solver completion",
 }
 
 
@@ -58,14 +62,15 @@ def _plot_with_mean(ax, points: list[tuple[int, float]], color: str, label: str)
 
 
 def plot_selfplay(metrics_file: Path, out_png: Path) -> dict[str, list[tuple[int, float]]]:
-    """Two panels (learnable ratios; proposer reward) saved to ``out_png``; returns the series."""
+    """Three panels (learnable ratios; proposer reward; parse rate, safety, completion) saved to
+    ``out_png``; returns the series."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series = read_selfplay_series(metrics_file)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
+    fig, (top, bottom, rates) = plt.subplots(3, 1, figsize=(6, 7.5), sharex=True)
     for key, color in (
         ("unified_filter/learnable_ratio", "tab:blue"),
         ("unified_filter/initial_learnable_ratio", "tab:orange"),
@@ -80,7 +85,17 @@ def plot_selfplay(metrics_file: Path, out_png: Path) -> dict[str, list[tuple[int
         bottom.legend(fontsize=8)
     bottom.axhline(0.0, color="grey", linewidth=0.5)
     bottom.set_ylabel("proposer reward")
-    bottom.set_xlabel("step")
+    for key, color in (
+        ("proposer/valid_task_rate", "tab:purple"),
+        ("harm/safety_score_mean", "tab:red"),
+        ("harm/completion_score_mean", "tab:brown"),
+    ):
+        if series[key]:
+            _plot_with_mean(rates, series[key], color, SERIES[key])
+    rates.set_ylim(-0.05, 1.05)
+    rates.set_ylabel("rate")
+    rates.legend(fontsize=8)
+    rates.set_xlabel("step")
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
