@@ -9,6 +9,7 @@ import pytest
 from nemo_azr.cli import main
 from nemo_azr.contracts.generation import GenerationOutput, Sample
 from nemo_azr.preflight import load_config
+from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.trainer.trainer import Trainer
 
 PROGRAM = "def f(x):\n    return x * 3"
@@ -41,12 +42,13 @@ HOSTILE = [
 SLOTS = [True, False, True, False, False, False, False, False]
 
 
-class HostileBackend:
-    """Proposer requests get GROUP; solver requests get correct or hostile programs by slot."""
+class HostileBackend(GenerationEngineBase):
+    """Proposer requests get GROUP; solver requests get correct or hostile programs by slot. The
+    engine lifecycle (release, refit_metrics, ...) is the base's: the trainer drives it like any backend."""
 
     def __init__(self, tokenizer) -> None:
+        super().__init__()
         self.tokenizer = tokenizer
-        self.version = 0
         self.hostile_sent = 0
 
     def _sample(self, text: str) -> Sample:
