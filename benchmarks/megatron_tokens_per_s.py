@@ -105,6 +105,7 @@ def sync() -> None:
 
 def measure(backend: str, model_dir: Path, batch, args) -> dict:
     from nemo_azr.contracts import fields as F
+    from nemo_azr.contracts.update import UpdateContext
     from nemo_azr.registry import POLICY_BACKENDS
 
     if backend == "megatron":
@@ -121,7 +122,7 @@ def measure(backend: str, model_dir: Path, batch, args) -> dict:
     for i in range(args.warmup + args.steps):
         sync()
         start = time.perf_counter()
-        policy.update(batch, norm_length=norm_length)
+        policy.update(batch, UpdateContext(norm_length=norm_length))
         sync()
         mid = time.perf_counter()
         policy.compute_logprobs(batch)

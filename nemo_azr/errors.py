@@ -8,6 +8,8 @@ and keeps its traceback.
 class NemoAzrError(Exception):
     """A user-facing problem; the message says what is wrong and what to do."""
 
+    exit_code = 2  # EXIT_USAGE: fix and rerun
+
 
 class ConfigError(NemoAzrError):
     """A configuration value is missing, misspelt, of the wrong type or inconsistent."""
@@ -33,20 +35,51 @@ class RewardError(NemoAzrError):
     """A reward function returned something unusable (NaN/inf, wrong length)."""
 
 
+class StorageFullError(NemoAzrError):
+    """A write failed because its file system is full or over quota. Exit 74 (sysexits' EX_IOERR):
+    not 75, so a SLURM job is not requeued into the same full disk, and not 2, so a script can tell
+    "free space and rerun" from "fix the config"."""
+
+    exit_code = 74
+
+
+def storage_full_reason(exc: BaseException) -> str | None:
+    """``"No space left on device"`` / ``"Disk quota exceeded"`` when ``exc`` or an exception it was
+    raised from is that OSError, else None."""
+    import errno
+    import os
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return os.strerror(exc.errno)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 EXIT_USAGE = 2  # a user-facing problem (bad config, bad data, damaged checkpoint): fix and rerun
+EXIT_STORAGE_FULL = StorageFullError.exit_code  # a full or over-quota file system: free space, rerun
 EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports it
 
 
 def run_reporting_errors(prog: str, fn, *args) -> int:
-    """``fn(*args)``; a :class:`NemoAzrError` becomes one ``<prog>: error: ...`` line and exit 2, Ctrl-C
-    one line and 130 (every command line of the project ends this way; a bug keeps its traceback)."""
+    """``fn(*args)``; a :class:`NemoAzrError` becomes one ``<prog>: error: ...`` line and its exit code
+    (2; 74 for a full disk, as is an OSError "no space left" / "quota exceeded"), Ctrl-C one line and 130 (every command line of the project ends this way; a bug keeps its traceback)."""
     import sys
 
     try:
         return fn(*args)
     except NemoAzrError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return exc.exit_code
+    except OSError as exc:
+        reason = storage_full_reason(exc)
+        if reason is None:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(f"{prog}: error: {reason}{where}; free space on that file system and rerun", file=sys.stderr)
+        return EXIT_STORAGE_FULL
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

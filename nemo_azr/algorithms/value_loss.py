@@ -40,7 +40,9 @@ def clipped_value_loss(
     old_values, returns = old_values.to(values.dtype), returns.to(values.dtype)
     error = (values - returns).square()
     if cliprange > 0:
-        clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
+        # clamp(values, old - c, old + c) is ``values`` itself inside the range; old + (values - old)
+        # is not always (float rounding), and would count tokens inside the range as clipped
+        clipped = torch.clamp(values, old_values - cliprange, old_values + cliprange)
         clipped_error = (clipped - returns).square()
         per_token = 0.5 * torch.maximum(error, clipped_error)
         clip_active = clipped_error > error

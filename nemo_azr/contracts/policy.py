@@ -8,6 +8,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from nemo_azr.contracts.update import UpdateContext
+
 
 @runtime_checkable
 class Policy(Protocol):
@@ -19,7 +21,7 @@ class Policy(Protocol):
 
     def compute_logprobs(self, batch: Any) -> torch.Tensor: ...
 
-    def update(self, batch: Any, *, norm_length: int, generator: torch.Generator) -> dict[str, float]: ...
+    def update(self, batch: Any, ctx: UpdateContext) -> dict[str, float]: ...
 
     def save(self, folder: Path, *, tokenizer: Any = None) -> None: ...
 
@@ -40,7 +42,7 @@ class Critic(Protocol):
 
     def compute_values(self, batch: Any) -> torch.Tensor: ...  # rollout-time values [B, T]
 
-    def update(self, batch: Any, *, norm_length: int, generator: torch.Generator) -> dict[str, float]: ...
+    def update(self, batch: Any, ctx: UpdateContext) -> dict[str, float]: ...
 
     def save(self, folder: Path) -> None: ...
 

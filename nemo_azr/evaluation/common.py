@@ -18,8 +18,8 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import ConfigError
+from nemo_azr.trainer.checkpoint import CHECKPOINT_DIR
 
-CHECKPOINT_DIR = "checkpoints"  # same folder name as the trainer's
 METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.jsonl"
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from nemo_azr.errors import CheckpointDamagedError, CheckpointError
 from nemo_azr.utils.atomic_io import fsync_dir
 
+CHECKPOINT_DIR = "checkpoints"  # under trainer.output_dir: the step_<N> folders
 COMPLETE_MARKER = "COMPLETE"
 TMP_PREFIX = ".tmp-"
 _STEP_RE = re.compile(r"^step_(\d+)$")
@@ -249,7 +250,11 @@ def plan_resume(resume: str, root: Path) -> ResumePlan:
         return ResumePlan(path, notes=[warning] if warning else [])
     plan = ResumePlan(None)
     reasons = []
-    for folder in reversed(Checkpointer(root).complete_checkpoints()):
+    for folder in reversed(_step_folders(root)):
+        if not is_complete(folder):  # published folders always hold it: deleted or damaged since
+            plan.skipped.append(folder)
+            reasons.append(f"{folder.name} (its {COMPLETE_MARKER} marker is missing)")
+            continue
         try:
             warning = verify_checkpoint(folder)
         except CheckpointDamagedError as exc:
@@ -271,6 +276,13 @@ def plan_resume(resume: str, root: Path) -> ResumePlan:
             f"resume: damaged checkpoint skipped: {' | '.join(reasons)}; falling back to {plan.folder.name}",
         )
     return plan
+
+
+def _step_folders(root: Path) -> list[Path]:
+    """Every ``step_<N>`` folder under ``root``, complete or not, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and _STEP_RE.match(p.name)), key=checkpoint_step)
 
 
 def resolve_resume(resume: str, root: Path) -> Path | None:

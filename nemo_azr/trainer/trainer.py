@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import math
-import resource
-import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -39,16 +35,15 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import rollout_logprob_gap
 from nemo_azr.contracts.capabilities import PerRoleAdvantages, RowsPerPrompt
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE, PROMPT_FEEDBACK
+from nemo_azr.contracts.update import CRITIC_SHUFFLE_SALT, POLICY_SHUFFLE_SALT, UpdateContext
 from nemo_azr.errors import (
     BatchContractError,
-    CheckpointDamagedError,
     CheckpointError,
     ConfigError,
     RewardError,
 )
 from nemo_azr.models.hf.critic import SharedTrunkCritic
 from nemo_azr.models.tiny import load_tokenizer, resolve_model_path
-from nemo_azr.models.training.critic_common import CRITIC_DIR
 from nemo_azr.registry import (
     ADVANTAGE_ESTIMATORS,
     CRITIC_BACKENDS,
@@ -68,36 +63,31 @@ from nemo_azr.trainer.async_rollout import (
     device_of,
     uncorrected_lag_warning,
 )
-from nemo_azr.trainer.checkpoint import Checkpointer, ResumePlan, checkpoint_step, plan_resume
-from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics, step_flops
+from nemo_azr.trainer.checkpoint import CHECKPOINT_DIR, Checkpointer, checkpoint_step
+from nemo_azr.trainer.checkpointing import (
+    SFT_WARMUP_FILE,
+    CheckpointingMixin,
+    TrainerState,
+    is_main_process,
+    launch_rank,
+)
+from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics
 from nemo_azr.trainer.metrics import MetricsLogger
+from nemo_azr.trainer.output_lock import acquire_output_lock, release_output_lock
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
 from nemo_azr.trainer.preflight import check_writable, resolve_device
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.samples import select_samples
 from nemo_azr.trainer.sft import SFTWarmup
+from nemo_azr.trainer.step_metrics import (
+    batch_metrics,
+    check_finite_loss,
+    finite_loss,
+    peak_rss_gb,
+    policy_step_flops,
+)
 from nemo_azr.utils.atomic_io import atomic_write_text
 from nemo_azr.utils.seeding import rng_state, seed_everything, set_rng_state, step_seed
-
-CHECKPOINT_DIR = "checkpoints"
-#: A checkpoint taken part-way through the supervised warm-up (a preemption) holds its state here.
-SFT_WARMUP_FILE = "sft_warmup.pt"
-KL_REFERENCE_DIR = "kl_reference"  # algorithm.kl.reference=warmup: the warmed-up policy's weights
-_SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
-
-
-@dataclass
-class TrainerState:
-    step: int = 0  # steps completed
-    policy_version: int = 0
-    samples_seen: int = 0
-    skipped_steps: int = 0
-    consecutive_skips: int = 0
-    loader: dict = field(default_factory=dict)
-    # A checkpoint taken part-way through the supervised warm-up: the warm-up steps done (its
-    # optimizer state is in sft_warmup.pt). None: the warm-up is finished, or there is none.
-    warmup_step: int | None = None
-    resume_fallbacks: int = 0  # damaged checkpoints trainer.resume=auto skipped on the way to this state
 
 
 @dataclass
@@ -119,11 +109,6 @@ class _RunProgress:
     last_saved: Path | None = None
 
 
-def is_main_process() -> bool:
-    """Rank 0, or a run without torch.distributed: the one process that logs and publishes checkpoints."""
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 class _NullLogger:
     """The metrics logger of ranks > 0 (every rank computes the same metrics; rank 0 writes them)."""
 
@@ -140,10 +125,9 @@ class _NullLogger:
         pass
 
 
-class Trainer:
-    _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
+class Trainer(CheckpointingMixin):
     async_rollout: AsyncRollout | None = None  # rollout.async_rollout: the producer thread, while fit runs
-    _loader_trained: dict | None = None  # with it: the data position after the last trained batch
+    _holds_output_lock = False  # this trainer's share of the output folder's run lock (released by fit)
 
     def __init__(self, cfg: NemoAzrConfig, *, preemption: PreemptionFlag | None = None) -> None:
         """Build the task, tokenizer and models. A preemption signal (SIGTERM/SIGUSR1) during the
@@ -172,6 +156,7 @@ class Trainer:
         if is_main_process():  # rank 0 writes the logs and publishes checkpoints
             check_writable(self.output_dir, "trainer.output_dir")
             check_writable(self.checkpointer.root, "trainer.output_dir (its checkpoints/ folder)")
+        self._take_output_lock()  # before anything is written into the folder
 
         # First: a data problem should not wait for a model load. Self-play draws its prompts from
         # the environment's seed tasks.
@@ -211,16 +196,11 @@ class Trainer:
         self._reward_error_reported = False
         # MFU per step (throughput/mfu): the policy's shape from its HF config, the device's peak
         try:
-            self._model_shape: ModelShape | None = ModelShape.from_hf_config(self._policy_hf_config())
+            self._model_shape: ModelShape | None = ModelShape.from_hf_config(self.policy.hf_config)
         except AttributeError:  # a config without the usual decoder fields: no FLOP count, no MFU
             self._model_shape = None
         self._peak_flops = device_peak_flops(self.device)
         self._last_flops: dict[str, float] | None = None
-
-    def _policy_hf_config(self):
-        """The policy's transformers config (a megatron policy's ``.model.config`` is megatron's; it
-        keeps the HF one as ``.hf_config``)."""
-        return self.policy.hf_config
 
     def _optimizer_steps_total(self, model=None) -> int:
         """Optimizer steps of the whole run for ``model`` (the policy, or the critic with its own
@@ -255,109 +235,6 @@ class Trainer:
         critic = CRITIC_BACKENDS.get(cfg.model.backend)(path, cfg, roles=roles, device=self.device)
         critic.setup_optimizer(total_steps=self._optimizer_steps_total(critic))
         return critic
-
-    # --- checkpoint ------------------------------------------------------------------------------
-    def save_checkpoint(self) -> Path:
-        """Write ``step_<step>`` (collective under torchrun). With ``trainer.async_save`` the policy's
-        shards are written in the background and the folder is published (COMPLETE marker, rename)
-        by :meth:`finalize_checkpoints`; the returned path exists once that has run."""
-        self.finalize_checkpoints(blocking=True)  # at most one save in flight
-        multi = dist.is_initialized() and dist.get_world_size() > 1
-        asynchronous = self.cfg.trainer.async_save
-        final = self.checkpointer.root / f"step_{self.state.step}"
-        if multi and not is_main_process():
-            # Saving is collective (weights are gathered): write this rank's part into rank 0's folder.
-            box: list = [None]
-            dist.broadcast_object_list(box, src=0)
-            if self.critic is not None:  # collective too, in rank 0's order: critic, then policy
-                self.critic.save(Path(box[0]) / CRITIC_DIR)
-            if asynchronous:
-                self.policy.save(Path(box[0]), tokenizer=None, on_written=lambda: None)
-            else:
-                self.policy.save(Path(box[0]), tokenizer=None)
-                dist.barrier()  # rank 0 publishes the folder (rename to step_N) before this returns
-            return final
-
-        step = self.state.step
-        tmp = self.checkpointer.begin(step)
-        try:
-            if multi:
-                dist.broadcast_object_list([str(tmp)], src=0)
-            torch.save(rng_state(), tmp / "rng.pt")
-            # The data position of the next batch to train on (an asynchronous producer has drawn more).
-            async_position = self._loader_trained if self.async_rollout is not None else None
-            self.state.loader = async_position or self.loader.state_dict()
-            (tmp / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
-            (tmp / "config.yaml").write_text(to_yaml(self.cfg))
-            if self._warmup is not None:  # stopped part-way by a signal: resumable
-                torch.save(self._warmup.state_dict(), tmp / SFT_WARMUP_FILE)
-            if self.critic is not None:
-                self.critic.save(tmp / CRITIC_DIR)
-            if asynchronous:  # the policy's finalize step publishes the folder
-                self.policy.save(
-                    tmp, tokenizer=self.tokenizer, on_written=lambda: self.checkpointer.publish(tmp, step)
-                )
-                return final
-            self.policy.save(tmp, tokenizer=self.tokenizer)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        folder = self.checkpointer.publish(tmp, step)
-        if multi:
-            dist.barrier()
-        return folder
-
-    def finalize_checkpoints(self, *, blocking: bool) -> None:
-        """Publish background (``trainer.async_save``) checkpoints whose writes are done. Collective."""
-        if self.cfg.trainer.async_save:
-            self.policy.finalize_saves(blocking=blocking)
-
-    def load_checkpoint(self, folder: Path) -> None:
-        """Load a checkpoint (``fit`` verifies it against its manifest first). A file that cannot
-        be read raises :class:`CheckpointDamagedError` naming it, not torch's or json's error."""
-        self._check_model_shape(folder)
-        self.policy.load(folder)
-        if self.critic is not None:
-            self.critic.load(folder / CRITIC_DIR)
-        self.state = _read_checkpoint_file(
-            folder, "trainer_state.json", lambda p: TrainerState(**json.loads(p.read_text()))
-        )
-        if self.state.step != checkpoint_step(folder):
-            raise CheckpointError(f"{folder}: trainer_state.json says step {self.state.step}")
-        self.loader.load_state_dict(self.state.loader)
-        _read_checkpoint_file(folder, "rng.pt", lambda p: set_rng_state(torch.load(p, weights_only=False)))
-
-    def _plan_resume(self) -> ResumePlan:
-        """:func:`plan_resume` on rank 0, shared with every rank (all must load the same folder)."""
-        root = self.output_dir / CHECKPOINT_DIR
-        if not (dist.is_initialized() and dist.get_world_size() > 1):
-            return plan_resume(self.cfg.trainer.resume, root)
-        box: list = [None]
-        if is_main_process():
-            try:
-                box[0] = plan_resume(self.cfg.trainer.resume, root)
-            except CheckpointError as exc:
-                box[0] = exc
-        dist.broadcast_object_list(box, src=0)
-        if isinstance(box[0], CheckpointError):
-            raise box[0]
-        return box[0]
-
-    def _check_model_shape(self, folder: Path) -> None:
-        cfg_file = folder / "model" / "config.json"
-        if not cfg_file.is_file():
-            raise CheckpointError(f"{folder} is not a complete checkpoint (model/config.json missing)")
-        saved = json.loads(cfg_file.read_text())
-        current = self._policy_hf_config().to_dict()
-        diff = [
-            f"{k}: checkpoint {saved.get(k)} vs model {current.get(k)}"
-            for k in _SHAPE_KEYS
-            if saved.get(k) != current.get(k)
-        ]
-        if diff:
-            raise CheckpointError(
-                f"checkpoint {folder} was written for another model shape ({'; '.join(diff)})"
-            )
 
     # --- one step --------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
@@ -507,22 +384,12 @@ class Trainer:
             batch[F.RETURNS] = returns
         validate_batch(batch, "update", extra=self.estimator.required_keys)
         if self.critic is not None:
-            metrics.update(
-                self.critic.update(
-                    batch,
-                    norm_length=self.norm_length,
-                    generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=2)),
-                )
-            )
+            metrics.update(self.critic.update(batch, self._update_context(step, CRITIC_SHUFFLE_SALT)))
         t_critic = time.perf_counter()
         if self.critic is not None and step < cfg.critic.warmup_steps:
             metrics["critic/warmup"] = 1.0  # the policy waits until the values mean something
         else:
-            update_metrics = self.policy.update(
-                batch,
-                norm_length=self.norm_length,
-                generator=torch.Generator().manual_seed(step_seed(cfg.seed, step, salt=1)),
-            )
+            update_metrics = self.policy.update(batch, self._update_context(step, POLICY_SHUFFLE_SALT))
             metrics.update(update_metrics)
         t_update = time.perf_counter()
 
@@ -537,8 +404,10 @@ class Trainer:
         self.state.samples_seen += len(batch)
         self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
         self.state.consecutive_skips = 0
-        metrics.update(self._batch_metrics(batch))
-        self._last_flops = self._step_flops(metrics, logprob_passes)
+        metrics.update(batch_metrics(batch))
+        self._last_flops = policy_step_flops(
+            self._model_shape, metrics, logprob_passes=logprob_passes, update_epochs=alg.ppo_epochs
+        )
         metrics.update(
             {
                 "timing/rollout_s": rollout.rollout_s,
@@ -560,6 +429,9 @@ class Trainer:
             }
         )
         return metrics
+
+    def _update_context(self, step: int, salt: int) -> UpdateContext:
+        return UpdateContext.for_step(seed=self.cfg.seed, step=step, salt=salt, norm_length=self.norm_length)
 
     def _dynamic_sampling(self, batch: Batch, step: int) -> tuple[Batch | None, dict[str, float]]:
         """DAPO's dynamic sampling: drop the groups whose rewards are all equal and roll out more
@@ -666,41 +538,6 @@ class Trainer:
         by_prompt = {g: float(r) for g, r in zip(base[F.GROUP_ID], base[F.REWARDS])}
         return torch.tensor([by_prompt[g] for g in batch[F.GROUP_ID]], dtype=torch.float32)
 
-    @staticmethod
-    def _batch_metrics(batch: Batch) -> dict[str, float]:
-        rewards = batch[F.REWARDS].float()
-        mask = batch[F.LOSS_MASK].float()
-        lengths = mask.sum(-1)
-        adv = batch[F.ADVANTAGES][mask > 0]
-        finish = batch.meta.get("finish_reason", [])
-        return {
-            "reward/mean": float(rewards.mean()),
-            "reward/std": float(rewards.std(unbiased=False)),
-            "reward/max": float(rewards.max()),
-            "reward/min": float(rewards.min()),
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
-            "response/truncated_frac": (sum(f == "length" for f in finish) / len(finish)) if finish else 0.0,
-            "advantage/mean": float(adv.mean()) if adv.numel() else 0.0,
-            "advantage/abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
-            "batch/rows": float(len(batch)),
-            "batch/tokens": float(mask.sum()),
-            "batch/prompt_tokens": float(batch[F.ATTENTION_MASK].sum() - mask.sum()),
-        }
-
-    def _step_flops(self, metrics: dict[str, float], logprob_passes: int) -> dict[str, float] | None:
-        """The policy's model FLOPs this step (trainer/flops.py); None when its config has no shape."""
-        if self._model_shape is None:
-            return None
-        return step_flops(
-            self._model_shape,
-            rows=int(metrics["batch/rows"]),
-            prompt_tokens=metrics["batch/prompt_tokens"],
-            response_tokens=metrics["batch/tokens"],
-            logprob_passes=logprob_passes,
-            update_epochs=self.cfg.algorithm.ppo_epochs,
-        )
-
     def setup_generation(self) -> None:
         """Create the generation backend from the current policy weights (``fit`` calls this after
         a resume or the warm-up; call it yourself to drive ``train_step`` directly)."""
@@ -749,38 +586,6 @@ class Trainer:
         warmup.run(on_step=_warmup_progress(warmup.total), should_stop=stop)
         return warmup
 
-    def _load_warmup_reference(self) -> str:
-        """``algorithm.kl.reference=warmup``: the KL reference is the policy as the warm-up left it.
-        Written once to ``<output_dir>/kl_reference`` (a resume reads it back: the policy has moved
-        on by then); at step 0 the policy still holds the warm-up's weights, so a missing folder is
-        written from it."""
-        folder = self.output_dir / KL_REFERENCE_DIR
-        if not (folder / "COMPLETE").is_file():
-            if self.state.step > 0:
-                raise CheckpointError(
-                    f"algorithm.kl.reference=warmup: {folder} is missing, and the policy of step "
-                    f"{self.state.step} is no longer the warmed-up one; start over (trainer.resume=never) "
-                    "or set algorithm.kl.reference=initial"
-                )
-            tmp = folder.with_name(folder.name + ".tmp")
-            if is_main_process():
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-            if dist.is_initialized():
-                dist.barrier()
-            self.policy.save(tmp, tokenizer=None)
-            if dist.is_initialized():
-                dist.barrier()
-            if is_main_process():
-                (tmp / "optimizer.pt").unlink(missing_ok=True)  # the reference needs weights only
-                (tmp / "COMPLETE").write_text("")
-                shutil.rmtree(folder, ignore_errors=True)
-                tmp.rename(folder)
-            if dist.is_initialized():
-                dist.barrier()
-        self.ref.load(folder)
-        return f"KL reference: the warmed-up policy ({folder})"
-
     def _stop_in_warmup(self, warmup: SFTWarmup) -> FitResult:
         """A signal stopped the warm-up: save it as a resumable ``step_0`` (when it got further than
         the checkpoint it started from) and end the run."""
@@ -811,6 +616,7 @@ class Trainer:
         it finishes the step and saves before logging anything.
         """
         self._resume_folder: Path | None = None
+        self._take_output_lock()  # a second fit() of the same trainer
         installed = self.preemption.install()
         try:
             return self._fit()
@@ -821,6 +627,22 @@ class Trainer:
             self.preemption.enter("shut-down", interruptible=False)
             if installed:
                 self.preemption.uninstall()
+            self.release_output_lock()
+
+    def _take_output_lock(self) -> None:
+        """One run per ``trainer.output_dir`` (trainer/output_lock.py); rank 0 holds it for the job."""
+        if launch_rank() == 0 and not self._holds_output_lock:  # the process group may not exist yet
+            taken_over = acquire_output_lock(self.output_dir)
+            self._holds_output_lock = True
+            if taken_over:
+                _notice(f"nemo-azr: {taken_over}")
+
+    def release_output_lock(self) -> None:
+        """Let another run use ``trainer.output_dir`` (``fit`` does this when it returns; a process
+        that exits releases it too)."""
+        if self._holds_output_lock:
+            self._holds_output_lock = False
+            release_output_lock(self.output_dir)
 
     def _fit(self) -> FitResult:
         started = self._start()  # resume, supervised warm-up, KL reference, generation set-up
@@ -972,11 +794,11 @@ class Trainer:
             # On a signal the checkpoint comes first: a log call that fails (W&B's service
             # process is killed with the job) must not stand between the signal and the save.
             preempted = self._preemption_agreed()
-            if preempted and _finite_loss(run.last):
+            if preempted and finite_loss(run.last):
                 run.last_saved, run.dirty = self.save_checkpoint(), False
             logger.log(step, run.last)
             logger.log_samples(step, self.last_samples)
-            _check_finite(run.last, step)
+            check_finite_loss(run.last, step)
             interval = cfg.trainer.save_interval
             if interval and self.state.step % interval == 0 and run.dirty:
                 run.last_saved, run.dirty = self.save_checkpoint(), False
@@ -1011,19 +833,6 @@ class Trainer:
         self.finalize_checkpoints(blocking=True)
 
 
-def _read_checkpoint_file(folder: Path, name: str, read):
-    """``read(folder / name)``, with any error turned into one line naming the file."""
-    try:
-        return read(folder / name)
-    except CheckpointError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - torch.load / json raise many types for a damaged file
-        text = (str(exc).strip().splitlines() or [""])[0]
-        raise CheckpointDamagedError(
-            f"checkpoint {folder}: {name} is unreadable ({type(exc).__name__}: {text})"
-        ) from None
-
-
 WARMUP_PROGRESS_EVERY = 10  # warm-up steps between two progress lines
 
 
@@ -1045,22 +854,3 @@ def _notice(text: str) -> None:
     """A line for the user before the metrics logger exists (rank 0 only)."""
     if is_main_process():
         print(text, file=sys.stderr, flush=True)
-
-
-def _finite_loss(metrics: dict[str, float]) -> bool:
-    loss = metrics.get("actor/loss")
-    return loss is None or math.isfinite(loss)
-
-
-def peak_rss_gb() -> float:
-    """This process's peak resident memory so far (Linux ``ru_maxrss`` is in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def _check_finite(metrics: dict[str, float], step: int) -> None:
-    loss = metrics.get("actor/loss")
-    if loss is not None and not math.isfinite(loss):
-        raise RewardError(
-            f"step {step}: the policy loss is {loss}; the update was not applied. "
-            "Lower optim.lr or check rewards/advantages"
-        )

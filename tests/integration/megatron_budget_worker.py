@@ -34,6 +34,7 @@ def run_variant(
     from nemo_azr.algorithms.off_policy import rollout_is_weights
     from nemo_azr.contracts import Batch
     from nemo_azr.contracts import fields as F
+    from nemo_azr.contracts.update import UpdateContext
     from nemo_azr.models.megatron.critic import MegatronCritic
     from nemo_azr.models.megatron.policy import MegatronPolicy
     from nemo_azr.preflight import load_config
@@ -60,11 +61,11 @@ def run_variant(
         batch.tensors[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights
     shapes: list[list[int]] = []
     hook = policy.chunks[0].register_forward_pre_hook(lambda _m, args: shapes.append(list(args[0].shape)))
-    policy_metrics = policy.update(batch, norm_length=norm_length)
+    policy_metrics = policy.update(batch, UpdateContext(norm_length=norm_length))
     hook.remove()
     values = critic.compute_values(batch)
     batch.tensors[F.VALUES] = values
-    critic_metrics = critic.update(batch, norm_length=norm_length)
+    critic_metrics = critic.update(batch, UpdateContext(norm_length=norm_length))
     return {
         "logprobs": logprobs,
         "policy_metrics": policy_metrics,

@@ -19,9 +19,10 @@ import torch
 import nemo_azr.preflight as config_loader
 from nemo_azr.cli import main as nemo_azr_main
 from nemo_azr.models.hf.policy import HFPolicy
+from nemo_azr.trainer.checkpointing import SFT_WARMUP_FILE
 from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 from nemo_azr.trainer.preemption import EXIT_PREEMPTED
-from nemo_azr.trainer.trainer import SFT_WARMUP_FILE, Trainer
+from nemo_azr.trainer.trainer import Trainer
 
 WARMUP = 4
 STEPS = 2

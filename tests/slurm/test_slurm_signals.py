@@ -1,8 +1,9 @@
 """A user's cancel and a preemption, on a real one-node SLURM cluster (started by the module fixture).
 
 Both reach a running job as SIGTERM, and the trainer checkpoints and exits 75 either way; the job
-must then end for good after ``nemo-azr-launch cancel`` and requeue and resume after a preemption
-(a job of the higher-tier partition ``urgent`` taking the node, PreemptMode=REQUEUE or CANCEL).
+must then end for good after ``nemo-azr-launch cancel`` or a plain ``scancel``, and requeue and resume
+after a preemption (a job of the higher-tier partition ``urgent`` taking the node, PreemptMode=REQUEUE,
+or CANCEL with a grace time).
 """
 
 from __future__ import annotations
@@ -52,6 +53,24 @@ def test_user_cancel_ends_a_running_job_without_requeue(slurm_cluster, tiny_cach
     assert "requeueing" not in log and f"job {job} restart 1" not in log
     assert complete_checkpoints(out), "the cancelled run kept no checkpoint"
     assert states([job], logs)[job][0] == "CANCELLED"
+
+
+@pytest.mark.slow
+def test_plain_scancel_ends_a_running_job_without_requeue(slurm_cluster, tiny_cache, tmp_path):
+    """`scancel JOBID` as a user types it (no Requeue=0 first): the job checkpoints and ends."""
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    (job,), _ = submit(*tiny_overrides(tiny_cache, out, logs, "trainer.max_steps=2000", "sft_warmup.steps=0"))
+    wait_for_steps(out / "metrics.jsonl", job, logs)
+
+    subprocess.run(["scancel", job], check=True)
+    assert wait_not_running(job) == "CANCELLED", job_log(job, logs)
+    assert not queued([job])
+
+    log = job_log(job, logs)
+    assert "got SIGTERM, forwarding" in log and "training exited with status 75" in log
+    assert f"SIGTERM reached job {job} (scancel, or a preemption Slurm does not requeue)" in log
+    assert "requeueing" not in log and f"job {job} restart 1" not in log
+    assert complete_checkpoints(out), "the cancelled run kept no checkpoint"
 
 
 @pytest.mark.slow

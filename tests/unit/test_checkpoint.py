@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_azr.errors import CheckpointError
-from nemo_azr.trainer.checkpoint import Checkpointer, resolve_resume
+from nemo_azr.errors import CheckpointDamagedError, CheckpointError
+from nemo_azr.trainer.checkpoint import Checkpointer, plan_resume, resolve_resume
 
 
 def _write_files(n_bytes: int):
@@ -50,6 +50,23 @@ def test_resolve_resume_modes(tmp_path):
     (tmp_path / "step_6").mkdir()
     with pytest.raises(CheckpointError, match="not a complete"):
         resolve_resume(str(tmp_path / "step_6"), tmp_path)
+
+
+def test_a_deleted_complete_marker_is_named_and_the_run_falls_back(tmp_path):
+    ck = Checkpointer(tmp_path)
+    for step in (2, 4):
+        ck.save(step, _write_files(3))
+    (tmp_path / "step_4" / "COMPLETE").unlink()
+    plan = plan_resume("auto", tmp_path)
+    assert plan.folder.name == "step_2" and [p.name for p in plan.skipped] == ["step_4"]
+    assert plan.notes == [
+        "resume: damaged checkpoint skipped: step_4 (its COMPLETE marker is missing); falling back to step_2"
+    ]
+    (tmp_path / "step_2" / "COMPLETE").unlink()  # none left intact: an error, not a fresh start
+    with pytest.raises(
+        CheckpointDamagedError, match=r"every checkpoint in .* is damaged: step_4 .* \| step_2"
+    ):
+        plan_resume("auto", tmp_path)
 
 
 def test_failed_write_leaves_nothing(tmp_path):

@@ -8,6 +8,7 @@ import torch
 from nemo_azr.algorithms.value_loss import clipped_value_loss, explained_variance
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.errors import BatchContractError, CheckpointError
 from nemo_azr.models.hf.critic import HFCritic
 from nemo_azr.preflight import load_config
@@ -53,6 +54,25 @@ def test_clipped_value_loss_by_hand():
     assert (
         unclipped.item() == pytest.approx(0.5 * (0 + 0.36 + 0 + 4.0) / 4) and m["critic/vf_clipfrac"] == 0.0
     )
+
+
+def test_value_clipfrac_counts_only_tokens_outside_the_clip_range_in_float32():
+    """Inside the range the clipped value is the value itself (verl's clip_by_value): float32
+    rounding of old + (V - old) must not make a token count as clipped."""
+    g = torch.Generator().manual_seed(0)
+    old, values, returns = (torch.randn(256, 64, generator=g) for _ in range(3))
+    mask, c = torch.ones(256, 64), 1.0
+    _, m = clipped_value_loss(values=values, old_values=old, returns=returns, loss_mask=mask, cliprange=c)
+
+    outside = (values - old).abs() > c
+    clipped = torch.where(values > old + c, old + c, torch.where(values < old - c, old - c, values))
+    larger = (clipped - returns).square() > (values - returns).square()
+    expected = float((larger & outside).float().mean())
+    assert m["critic/vf_clipfrac"] == pytest.approx(expected) and expected > 0.05
+    # The sum form counts tokens inside the range too (rounding): the data exercises what is ignored.
+    summed = old + (values - old).clamp(-c, c)
+    summed_count = float(((summed - returns).square() > (values - returns).square()).float().mean())
+    assert summed_count > expected
 
 
 def test_value_loss_micro_batches_add_up_with_global_normalisers():
@@ -167,7 +187,7 @@ def test_critic_update_fits_the_returns_and_round_trips(cfg, tiny_model_path, tm
     losses = []
     for _ in range(30):
         batch[F.VALUES] = critic.compute_values(batch)
-        metrics = critic.update(batch, norm_length=4)
+        metrics = critic.update(batch, UpdateContext(norm_length=4))
         losses.append(metrics["critic/vf_loss"])
         assert metrics["critic/optimizer_steps"] == 1.0 and "critic/grad_norm" in metrics
     assert losses[-1] < 0.1 * losses[0]

@@ -25,6 +25,7 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.single_turn import encode_prompt
@@ -244,7 +245,7 @@ def test_sync_weights_after_optimizer_steps_decodes_the_new_weights(harness, tin
     version = h.backend.version
     target = h.tokenizer("7 7 7 7 7 7", add_special_tokens=False)["input_ids"][:6]
     for _ in range(4):
-        h.policy.update(_push_batch(h, target), norm_length=len(target))
+        h.policy.update(_push_batch(h, target), UpdateContext(norm_length=len(target)))
     after_weights = h.hf_weights()
     want = reference_greedy(after_weights, tiny_model_path, h.prompts, 6, eos)
     old = reference_greedy(before_weights, tiny_model_path, h.prompts, 6, eos)

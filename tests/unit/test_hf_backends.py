@@ -10,6 +10,7 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.contracts.policy import Policy
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
@@ -181,7 +182,7 @@ def test_gradient_accumulation_equals_one_big_micro_batch(tiny_model_path, setup
         pol._clip_and_step = lambda pol=pol, captured=captured: (
             captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
         )
-        metrics = pol.update(batch, norm_length=8)
+        metrics = pol.update(batch, UpdateContext(norm_length=8))
         assert metrics["actor/optimizer_steps"] == 1.0
         grads.append(captured[0])
     assert any(g.abs().sum() > 0 for g in grads[0])
@@ -206,7 +207,7 @@ def test_on_policy_update_without_old_logprobs_matches_explicit_pass(tiny_model_
         pol._clip_and_step = lambda pol=pol, captured=captured: (
             captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
         )
-        metrics = pol.update(batch, norm_length=8)
+        metrics = pol.update(batch, UpdateContext(norm_length=8))
         assert metrics["actor/clip_frac"] == 0.0
         grads.append(captured[0])
     for a, b in zip(*grads):
@@ -261,7 +262,7 @@ def test_autocast_keeps_fp32_master_weights_and_close_gradients(tiny_model_path,
             captured.append(torch.cat([p.grad.flatten() for p in pol.model.parameters()])) or step()
         )
         before = [p.detach().clone() for p in pol.model.parameters()]
-        pol.update(batch, norm_length=8)
+        pol.update(batch, UpdateContext(norm_length=8))
         moved = sum(int((p.detach() != b).sum()) for p, b in zip(pol.model.parameters(), before))
         total = sum(b.numel() for b in before)
         assert all(p.dtype == torch.float32 for p in pol.model.parameters())
@@ -328,7 +329,7 @@ def test_activation_checkpointing_update_is_quiet_and_exact(tiny_model_path, set
                 pol._clip_and_step = lambda pol=pol, captured=captured: (
                     captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
                 )
-                pol.update(batch, norm_length=8)
+                pol.update(batch, UpdateContext(norm_length=8))
         finally:
             hf_logging.get_logger().removeHandler(handler)
         assert pol.model.is_activation_checkpointing is checkpointing

@@ -140,6 +140,7 @@ FAKE_SRUN = """#!/bin/bash
 echo "srun args: $*"
 trap 'echo "rank: got USR1"; exit 75' USR1
 trap 'echo "rank: got TERM"; exit 75' TERM
+echo $$ > "$FAKE_DIR/srun.pid"
 touch "$FAKE_DIR/started"
 for _ in $(seq "${FAKE_TICKS:-100}"); do sleep 0.1; done
 exit "${FAKE_RC:-0}"
@@ -160,6 +161,7 @@ def run_script(
     signal_it: bool,
     env_extra: dict | None = None,
     signum: int = signal.SIGUSR1,
+    to_ranks_only: bool = False,
 ):
     script = tmp_path / "job.sbatch"
     script.write_text(script_of(dry_run(capsys, tmp_path, *args)))
@@ -177,7 +179,10 @@ def run_script(
         deadline = time.monotonic() + 10
         while not (tmp_path / "started").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        proc.send_signal(signum)  # SIGUSR1: what --signal=B:USR1 does; SIGTERM: scancel, preemption
+        if to_ranks_only:  # a preemption's grace time: Slurm signals the job steps, not the batch shell
+            os.kill(int((tmp_path / "srun.pid").read_text()), signum)
+        else:  # SIGUSR1: what --signal=B:USR1 does; SIGTERM: scancel, a preemption without grace
+            proc.send_signal(signum)
     out, _ = proc.communicate(timeout=30)
     log = tmp_path / "scontrol.log"
     return proc.returncode, out, log.read_text() if log.exists() else ""
@@ -231,9 +236,22 @@ def test_preempted_job_that_slurm_requeued_is_not_requeued_again(capsys, tmp_pat
 
 
 def test_preempted_job_in_its_grace_time_requeues_itself(capsys, tmp_path):
-    """SIGTERM with the job still requeueable and not requeued by Slurm (GraceTime, PreemptMode=CANCEL,
-    time limit): the script requeues it, as after SIGUSR1."""
+    """SIGTERM to the ranks only, the job still requeueable and not requeued by Slurm (a preemption's
+    GraceTime): the script requeues it, as after SIGUSR1."""
     env = {"FAKE_JOB_RECORD": RECORD.replace("COMPLETING", "RUNNING") + "Requeue=1 Restarts=0 BatchFlag=1"}
-    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
-    assert "rank: got TERM" in out and "requeueing job 42" in out
+    rc, out, scontrol = run_script(
+        capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env, to_ranks_only=True
+    )
+    assert "rank: got TERM" in out and "got SIGTERM, forwarding" not in out
+    assert "requeueing job 42" in out
     assert "requeue 42" in scontrol and rc == 0
+
+
+def test_plain_scancel_ends_the_job_without_requeue(capsys, tmp_path):
+    """A plain `scancel JOBID`: SIGTERM to the batch shell, the job requeueable (Requeue=1) and not
+    requeued by Slurm: the trainer checkpoints (75) and the job ends; it never requeues itself."""
+    env = {"FAKE_JOB_RECORD": RECORD + "Requeue=1 Restarts=0 BatchFlag=1"}
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
+    assert "got SIGTERM, forwarding" in out and "training exited with status 75" in out
+    assert "SIGTERM reached job 42 (scancel, or a preemption Slurm does not requeue)" in out
+    assert "requeue 42" not in scontrol and rc == 75

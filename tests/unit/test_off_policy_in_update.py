@@ -14,6 +14,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.models.training.ppo_update import add_micro_metrics
@@ -75,14 +76,14 @@ def test_weights_in_the_loss_equal_weights_from_an_old_logprob_pass(tiny_model_p
     ref_batch = batch.index(torch.arange(len(batch)))
     ref_batch[F.OLD_LOGPROBS] = old
     ref_batch[F.ADVANTAGES] = batch[F.ADVANTAGES] * weights
-    ref_update = pol.update(ref_batch, norm_length=8)
+    ref_update = pol.update(ref_batch, UpdateContext(norm_length=8))
     ref_grads = captured[0]
 
     # In the loss: no old log-probs, the rollout's log-probs in the batch.
     pol, captured = _policy_keeping_grads(tiny_model_path, cfg)
     in_batch = batch.index(torch.arange(len(batch)))
     in_batch[F.ROLLOUT_LOGPROBS] = rollout
-    metrics = pol.update(in_batch, norm_length=8)
+    metrics = pol.update(in_batch, UpdateContext(norm_length=8))
 
     for a, b in zip(captured[0], ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -10,6 +10,7 @@ import torch
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.single_turn import encode_prompt
@@ -45,7 +46,7 @@ def _update(path, cfg, tok, device="cpu"):
     batch["ref_logprobs"] = (lp + 0.2 * torch.randn(lp.shape, generator=g)) * mask
     captured = []
     pol._clip_and_step = lambda: captured.append([p.grad.clone() for p in pol.model.parameters()]) or 1.0
-    metrics = pol.update(batch, norm_length=8)
+    metrics = pol.update(batch, UpdateContext(norm_length=8))
     return metrics, captured[0]
 
 

@@ -11,6 +11,7 @@ import torch
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.training import shared_prefix as sp
@@ -129,5 +130,5 @@ def test_shuffled_mini_batches_keep_the_rows_of_a_prefix_together(tiny_cache, ti
         return out
 
     monkeypatch.setattr("nemo_azr.models.hf.policy.shared_prefix_decoder_forward", spy)
-    policy.update(batch, norm_length=16, generator=torch.Generator().manual_seed(3))
+    policy.update(batch, UpdateContext(norm_length=16, generator=torch.Generator().manual_seed(3)))
     assert seen == [(8, 2, True), (1, 1, False)]

@@ -28,6 +28,7 @@ from nemo_azr.algorithms.value_loss import clipped_value_loss
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.errors import CheckpointError
 from nemo_azr.models.hf.checkpoint import load_training_state, load_weights, save_training_state
 from nemo_azr.models.hf.policy import decoder_hidden_states, forward_layout
@@ -180,9 +181,7 @@ class SharedTrunkCritic(ValueModelMixin):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.policy.no_grad_pass(batch, self.policy.token_values)
 
-    def update(
-        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
+    def update(self, batch: Batch, ctx: UpdateContext) -> dict[str, float]:
         require_value_targets(batch)
         return value_batch_metrics(batch)
 

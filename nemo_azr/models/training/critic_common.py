@@ -15,6 +15,7 @@ import torch
 from nemo_azr.algorithms.value_loss import explained_variance
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.errors import BatchContractError
 
 #: The critic's files inside a trainer checkpoint ``step_N/``.
@@ -69,14 +70,12 @@ class ValueModelMixin:
         """No-grad ``values[B, T]``: the rollout-time values (GAE's input and the value clip's anchor)."""
         return self.compute_logprobs(batch)
 
-    def update(
-        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
+    def update(self, batch: Batch, ctx: UpdateContext) -> dict[str, float]:
         """The critic's epochs over ``batch`` (with ``values`` and ``returns``) and how well the
         rollout-time values predicted the returns."""
         require_value_targets(batch)
         return {
-            **super().update(batch, norm_length=norm_length, generator=generator),
+            **super().update(batch, ctx),
             **value_batch_metrics(batch),
         }
 

@@ -17,6 +17,7 @@ import torch
 
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.training.microbatch import MicroBatch, gather_micro_outputs, micro_batches
 
 #: Metrics that are already divided by the global normalisers, so micro-batch values add up.
@@ -143,9 +144,7 @@ class PPOUpdateMixin:
         return dict(step_metrics)
 
     # --- RL update -------------------------------------------------------------------------------
-    def update(
-        self, batch: Batch, *, norm_length: int, generator: torch.Generator | None = None
-    ) -> dict[str, float]:
+    def update(self, batch: Batch, ctx: UpdateContext) -> dict[str, float]:
         """PPO epochs over mini-batches; micro-batches accumulate gradients; one optimizer step per mini-batch."""
         if self.optimizer is None:
             raise RuntimeError("setup_optimizer() must be called before update()")
@@ -157,7 +156,7 @@ class PPOUpdateMixin:
         n_steps = 0
         skipped = 0
         for _ in range(epochs):
-            order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
+            order = torch.randperm(rows, generator=ctx.generator) if shuffle else torch.arange(rows)
             for rows_idx in order.split(mini):
                 if self.cfg.model.shared_prefix:
                     # The order within a mini-batch does not change its gradient; the batch's order
@@ -168,7 +167,7 @@ class PPOUpdateMixin:
                 if n_tok == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
-                step_metrics = self.accumulate_gradients(mb, num_tokens=n_tok, norm_length=norm_length)
+                step_metrics = self.accumulate_gradients(mb, num_tokens=n_tok, norm_length=ctx.norm_length)
                 grad_norm = self._clip_and_step()
                 step_metrics[f"{prefix}/grad_norm"] = grad_norm
                 if not math.isfinite(grad_norm):
