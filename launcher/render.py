@@ -72,16 +72,24 @@ def _bash_array(name: str, items: list[str]) -> str:
 
 
 def overrides_block(spec: JobSpec) -> str:
+    """``OVERRIDES`` (the trainer's command line) and ``OUTPUT_DIR`` (its resolved
+    ``trainer.output_dir``, where the script looks for the checkpoint a run left), per array task."""
+    outputs = [f"OUTPUT_DIR={shlex.quote(str(c.trainer.output_dir))}" for c in spec.configs]
     if not spec.is_array:
-        return _bash_array("OVERRIDES", spec.override_sets[0])
-    lines = ['case "${SLURM_ARRAY_TASK_ID:-}" in']
-    for i, s in enumerate(spec.override_sets):
-        lines.append(f"    {i}) {_bash_array('OVERRIDES', s)} ;;")
-    lines.append(
-        '    *) echo "nemo-azr-launch: no override set for array task ${SLURM_ARRAY_TASK_ID:-}" >&2; exit 2 ;;'
-    )
-    lines.append("esac")
-    return "\n".join(lines)
+        return _bash_array("OVERRIDES", spec.override_sets[0]) + "\n" + outputs[0]
+    blocks = []
+    for name, values in (
+        ("OVERRIDES", [_bash_array("OVERRIDES", s) for s in spec.override_sets]),
+        ("OUTPUT_DIR", outputs),
+    ):
+        lines = ['case "${SLURM_ARRAY_TASK_ID:-}" in']
+        lines += [f"    {i}) {v} ;;" for i, v in enumerate(values)]
+        lines.append(
+            f'    *) echo "nemo-azr-launch: no {name} for array task ${{SLURM_ARRAY_TASK_ID:-}}" >&2; exit 2 ;;'
+        )
+        lines.append("esac")
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)
 
 
 def python_for(spec: JobSpec) -> str:

@@ -195,6 +195,21 @@ def test_script_forwards_usr1_and_requeues_on_75(capsys, tmp_path):
     assert "requeue 42" in scontrol and rc == 0
 
 
+def test_script_names_the_checkpoint_the_run_left_or_says_there_is_none(capsys, tmp_path):
+    """Exit 75 also follows a signal before anything could be saved: the script reports what is in
+    the run's checkpoints/ folder (the newest complete step), not "checkpoint written"."""
+    out = tmp_path / "run"
+    rc, log, _ = run_script(capsys, tmp_path, f"trainer.output_dir={out}", signal_it=True)
+    assert "no checkpoint yet (a restart begins at step 0); requeueing job 42" in log and rc == 0
+    for step, complete in ((3, True), (10, True), (12, False)):  # step_12: an unfinished save
+        (out / "checkpoints" / f"step_{step}").mkdir(parents=True)
+        if complete:
+            (out / "checkpoints" / f"step_{step}" / "COMPLETE").write_text("{}")
+    (tmp_path / "started").unlink()
+    rc, log, _ = run_script(capsys, tmp_path, f"trainer.output_dir={out}", signal_it=True)
+    assert f"newest checkpoint {out}/checkpoints/step_10; requeueing job 42" in log and rc == 0
+
+
 def test_chain_link_ends_on_75_without_requeue(capsys, tmp_path):
     rc, out, scontrol = run_script(capsys, tmp_path, "--chain", "2", signal_it=True)
     assert "the next chain link resumes" in out and rc == 0
