@@ -105,6 +105,13 @@ class Env(Protocol):
     def get_history_messages(self) -> list[dict[str, str]]: ...
 
 
+@runtime_checkable
+class ClosableEnv(Protocol):
+    """An environment holding something to free after its episode (a process, a sandbox)."""
+
+    def close(self) -> None: ...
+
+
 class ProposalDomain(ABC):
     """Seed tasks + proposer prompt/parser + environment factory for one kind of world."""
 

@@ -39,8 +39,10 @@ class MegatronGenerationBackend(GenerationEngineBase):
     def __init__(self, policy, tokenizer, *, max_batch_size: int = 0) -> None:
         from megatron.core import parallel_state as ps
 
+        from nemo_azr.models.megatron.policy import MegatronPolicy
+
         super().__init__()
-        if not hasattr(policy, "chunks"):
+        if not isinstance(policy, MegatronPolicy):
             raise ConfigError("generation.backend=megatron needs model.backend=megatron")
         # Sequence parallelism and virtual pipeline stages are refused at start (nemo_azr/preflight.py).
         self.pipelined = ps.get_pipeline_model_parallel_world_size() > 1

@@ -24,6 +24,7 @@ from nemo_azr.envs.base import (
     END_ERROR,
     END_MAX_STEPS,
     END_TIMEOUT,
+    ClosableEnv,
     Env,
     EnvOutput,
     EvalResult,
@@ -198,11 +199,10 @@ def evaluate_episode(ep: Episode) -> EvalResult:
 
 
 def _close(env: Env) -> None:
-    close = getattr(env, "close", None)
-    if close is not None:
+    if isinstance(env, ClosableEnv):
         # A failing close must not stop the step; the env is abandoned.
         with contextlib.suppress(Exception):
-            close()
+            env.close()
 
 
 def history_messages(ep: Episode) -> list[dict[str, str]]:

@@ -42,6 +42,7 @@ import torch
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, Sample, SamplingParams
+from nemo_azr.contracts.policy import Policy
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.engine import GenerationEngineBase
@@ -361,7 +362,7 @@ def _trainer_logprobs(source, prompt: list[int], tokens: list[int], *, pad_id: i
     ``compute_logprobs`` (megatron: collective), or a plain forward of an HF model (the first refit)."""
     packed = pack_prompt_response([prompt], [tokens], None, pad_id=pad_id)
     mask = packed["loss_mask"][0] > 0
-    if hasattr(source, "compute_logprobs"):
+    if isinstance(source, Policy):
         # The probe samples at temperature 1 (raw and processed log-probs agree there): score it alike.
         saved = source.temperature
         source.temperature = 1.0

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
+from nemo_azr.contracts.policy import Policy
 from nemo_azr.errors import NemoAzrError
 
 __all__ = [
@@ -45,7 +46,7 @@ class RefitError(NemoAzrError):
 
 def policy_hf_state(policy) -> dict[str, torch.Tensor]:
     """The trainer's weights in HF layout: megatron shards gathered (collective), else the model's state."""
-    if hasattr(policy, "export_hf_state_dict"):
+    if isinstance(policy, Policy):
         return policy.export_hf_state_dict()
     # a transformers model itself (its ``.model`` is the decoder), else the hf policy's model
     model = policy if isinstance(policy, torch.nn.Module) else policy.model
