@@ -131,6 +131,7 @@ def render_script(spec: JobSpec, log_folder: Path, workdir: str, *, max_parallel
         "signal_margin": str(c.signal_margin_s),
         "chain": "1" if spec.chain > 1 else "0",
         "max_requeues": str(c.max_requeues),
+        "world_size": str(c.nodes * c.tasks_per_node),  # training ranks, in both launcher modes
         "env": "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in c.env.items()),
         "setup": "\n".join(c.setup),
         "workdir": shlex.quote(workdir),

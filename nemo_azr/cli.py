@@ -18,10 +18,11 @@ def _train(overrides: list[str]) -> int:
     """Preemption-safe from the first moment: SIGTERM / SIGUSR1 at any point (imports, config, model
     build, resume load, warm-up, W&B init, training) ends the run with exit status 75 and one line,
     after a checkpoint of whatever no checkpoint holds yet; the SLURM batch script then requeues."""
-    from nemo_azr.trainer.preemption import EXIT_PREEMPTED, Preempted, PreemptionFlag
+    from nemo_azr.trainer.preemption import EXIT_PREEMPTED, Preempted, PreemptionFlag, report_ready
 
     flag = PreemptionFlag()
     flag.install()  # before the heavy imports: until now a signal had its default action (death)
+    report_ready()  # the batch script forwards signals from now on (it held them until here)
     try:
         with flag.phase("start-up", interruptible=True):
             from nemo_azr.preflight import load_config

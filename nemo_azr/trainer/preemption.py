@@ -20,12 +20,27 @@ This module imports nothing heavy: ``nemo_azr_launch.torchrun_node`` and the CLI
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: Set by the SLURM batch script: a folder where every rank reports that its handler is installed.
+#: Until all have, the script holds a signal instead of forwarding it (a Python process has no
+#: handler in its first ~0.1 s, and the signal's default action would end the job FAILED).
+READY_DIR_ENV = "NEMO_AZR_READY_DIR"
+
+
+def report_ready() -> None:
+    """Tell the batch script this rank acts on SIGTERM / SIGUSR1 from now on (``rank-<RANK>``)."""
+    folder = os.environ.get(READY_DIR_ENV)
+    if not folder:
+        return
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    with contextlib.suppress(OSError):  # no marker: the script keeps holding, never worse than before
+        open(os.path.join(folder, f"rank-{rank}"), "w").close()
 
 
 def signal_name(signum: int | None) -> str:

@@ -137,10 +137,16 @@ def test_fill_rejects_a_slot_without_value():
 # --- the rendered script's own logic, with fake srun / scontrol ----------------------------------
 FAKE_SRUN = """#!/bin/bash
 # A "training" that checkpoints and exits 75 on SIGUSR1/SIGTERM (as the trainer does), else $FAKE_RC.
+# For its first $FAKE_WINDOW_TICKS x 0.1 s it has no handler (a Python process starting up).
 echo "srun args: $*"
+echo $$ > "$FAKE_DIR/srun.pid"
+if [ -n "${FAKE_WINDOW_TICKS:-}" ]; then
+    touch "$FAKE_DIR/started"
+    for _ in $(seq "$FAKE_WINDOW_TICKS"); do sleep 0.1; done
+fi
 trap 'echo "rank: got USR1"; exit 75' USR1
 trap 'echo "rank: got TERM"; exit 75' TERM
-echo $$ > "$FAKE_DIR/srun.pid"
+touch "$NEMO_AZR_READY_DIR/rank-0"  # what nemo_azr.trainer.preemption.report_ready does
 touch "$FAKE_DIR/started"
 for _ in $(seq "${FAKE_TICKS:-100}"); do sleep 0.1; done
 exit "${FAKE_RC:-0}"
@@ -208,6 +214,19 @@ def test_script_names_the_checkpoint_the_run_left_or_says_there_is_none(capsys, 
     (tmp_path / "started").unlink()
     rc, log, _ = run_script(capsys, tmp_path, f"trainer.output_dir={out}", signal_it=True)
     assert f"newest checkpoint {out}/checkpoints/step_10; requeueing job 42" in log and rc == 0
+
+
+def test_a_signal_before_the_ranks_are_ready_is_held_then_forwarded(capsys, tmp_path):
+    """SIGUSR1 in a rank's first moments (no handler yet: the default action would kill it) is held
+    by the batch shell until every rank has reported ready, then forwarded: checkpoint, requeue."""
+    rc, out, scontrol = run_script(
+        capsys, tmp_path, f"trainer.output_dir={tmp_path / 'run'}", signal_it=True,
+        env_extra={"FAKE_WINDOW_TICKS": "10"},
+    )  # fmt: skip
+    assert "got SIGUSR1 while the training processes start; holding it" in out
+    assert "the training processes are ready; forwarding SIGUSR1" in out and "rank: got USR1" in out
+    assert "training exited with status 75" in out and "requeue 42" in scontrol and rc == 0
+    assert not list((tmp_path / "run").glob(".ready-*"))  # the markers are cleaned up
 
 
 def test_chain_link_ends_on_75_without_requeue(capsys, tmp_path):
