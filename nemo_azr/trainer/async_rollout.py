@@ -67,7 +67,16 @@ class AsyncRollout:
         max_policy_lag: int,
         seed: int,
         num_threads: int = 0,
+        in_flight: list[Rollout] | None = None,
+        dropped_stale: int = 0,
     ) -> None:
+        """``in_flight``: rollouts a checkpoint kept (:meth:`snapshot`), handed out first; the
+        producer goes on after the last of them."""
+        in_flight = list(in_flight or [])
+        if in_flight and [r.step for r in in_flight] != list(range(start_step, start_step + len(in_flight))):
+            raise ValueError(
+                f"in-flight rollouts of steps {[r.step for r in in_flight]} do not follow step {start_step}"
+            )
         self.produce = produce
         self.num_threads = num_threads
         self.backend = backend
@@ -75,13 +84,16 @@ class AsyncRollout:
         self.seed = seed
         self.end_step = end_step
         self._done_through = start_step  # steps < this one are trained (their weights pushed)
-        self._next = start_step
+        self._next = start_step + len(in_flight)
+        self._produced = self._next  # steps < this one are rolled out (queued or taken)
         # (version, weights, CUDA event recorded after the clone on the trainer's stream, or None)
         self._pending: tuple[int, dict[str, torch.Tensor], torch.cuda.Event | None] | None = None
         self._cond = threading.Condition()
         self._stop = False
-        self._queue: queue.Queue = queue.Queue(maxsize=max_policy_lag + 1)
-        self.dropped_stale = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=max(max_policy_lag + 1, len(in_flight)))
+        for rollout in in_flight:
+            self._queue.put_nowait(rollout)
+        self.dropped_stale = dropped_stale
         self._thread = threading.Thread(target=self._run, name="nemo-azr-rollout", daemon=True)
         self._thread.start()
 
@@ -113,6 +125,9 @@ class AsyncRollout:
                     break
                 except queue.Full:
                     continue
+            with self._cond:
+                self._produced = step + 1
+                self._cond.notify_all()
 
     @torch.no_grad()
     def _load(self, version: int, state: dict[str, torch.Tensor], cloned: torch.cuda.Event | None) -> None:
@@ -159,6 +174,24 @@ class AsyncRollout:
         if item.step != step:
             raise RuntimeError(f"rollout producer out of order: got step {item.step}, expected {step}")
         return check_lag(item, policy_version, self.max_policy_lag, self)
+
+    def snapshot(self) -> list[Rollout]:
+        """The rollouts produced ahead of the trainer, for a checkpoint (they stay queued).
+
+        Waits until the producer has rolled out every step that may have started before the last
+        update (up to the last trained step + ``max_policy_lag``): those may be sampled by weights
+        the checkpoint does not hold, so a resumed run trains on these very batches. Every later
+        step starts after the last update and samples the checkpoint's weights, in both runs. A
+        run resumed with them equals the uninterrupted one."""
+        with self._cond:
+            target = min(self.end_step, self._done_through + self.max_policy_lag)
+            while self._produced < target and self._thread.is_alive() and not self._stop:
+                self._cond.wait(_POLL_S)
+        with self._queue.mutex:
+            items = list(self._queue.queue)
+        if any(isinstance(i, _Failure) for i in items):
+            return []  # the producer failed: the trainer raises its error at the next take()
+        return [i for i in items if i.step >= self._done_through]
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Stop the producer (after its current rollout) and drop what it queued. A rollout that

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 #: A checkpoint taken part-way through the supervised warm-up (a preemption) holds its state here.
 SFT_WARMUP_FILE = "sft_warmup.pt"
 KL_REFERENCE_DIR = "kl_reference"  # algorithm.kl.reference=warmup: the warmed-up policy's weights
+#: rollout.async_rollout: the batches produced ahead of the trainer (sampled by older weights than the
+#: checkpoint's), so a resumed run trains on exactly what the uninterrupted one would have.
+ASYNC_IN_FLIGHT_FILE = "async_in_flight.pt"
 _SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
 
@@ -78,6 +81,7 @@ class CheckpointingMixin:
     async_rollout: Any = None
     _loader_trained: dict | None = None  # with async rollout: the data position after the last trained batch
     _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
+    _resumed_in_flight: dict | None = None  # the resume checkpoint's async in-flight rollouts
 
     def save_checkpoint(self) -> Path:
         """Write ``step_<step>`` (collective under torchrun). With ``trainer.async_save`` the policy's
@@ -109,6 +113,12 @@ class CheckpointingMixin:
             # The data position of the next batch to train on (an asynchronous producer has drawn more).
             async_position = self._loader_trained if self.async_rollout is not None else None
             self.state.loader = async_position or self.loader.state_dict()
+            if self.async_rollout is not None:
+                in_flight = {
+                    "rollouts": self.async_rollout.snapshot(),
+                    "dropped_stale": self.async_rollout.dropped_stale,
+                }
+                torch.save(in_flight, tmp / ASYNC_IN_FLIGHT_FILE)
             (tmp / "trainer_state.json").write_text(json.dumps(asdict(self.state), indent=1))
             (tmp / "config.yaml").write_text(to_yaml(self.cfg))
             if self._warmup is not None:  # stopped part-way by a signal: resumable
@@ -158,6 +168,11 @@ class CheckpointingMixin:
             raise CheckpointError(f"{folder}: trainer_state.json says step {self.state.step}")
         self.loader.load_state_dict(self.state.loader)
         read_checkpoint_file(folder, "rng.pt", lambda p: set_rng_state(torch.load(p, weights_only=False)))
+        self._resumed_in_flight = None
+        if (folder / ASYNC_IN_FLIGHT_FILE).is_file() and self.cfg.rollout.async_rollout:
+            self._resumed_in_flight = read_checkpoint_file(
+                folder, ASYNC_IN_FLIGHT_FILE, lambda p: torch.load(p, weights_only=False)
+            )
 
     def _plan_resume(self) -> ResumePlan:
         """:func:`plan_resume` on rank 0, shared with every rank (all must load the same folder)."""

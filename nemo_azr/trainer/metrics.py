@@ -272,11 +272,16 @@ def truncate_jsonl(path: Path, step: int) -> None:
 #: that failed), not the run: they differ between two runs that are otherwise identical (resume
 #: tests compare everything else).
 MACHINE_METRIC_PREFIXES = ("timing/", "throughput/", "system/", "logger/")
+MACHINE_METRICS = ("async/wait_s",)  # the trainer's wait for the producer: wall time too
 
 
 def without_machine_metrics(records: list[dict]) -> list[dict]:
-    """The records with the machine-dependent metrics (:data:`MACHINE_METRIC_PREFIXES`) removed."""
-    return [{k: v for k, v in r.items() if not k.startswith(MACHINE_METRIC_PREFIXES)} for r in records]
+    """The records with the machine-dependent metrics (:data:`MACHINE_METRIC_PREFIXES`,
+    :data:`MACHINE_METRICS`) removed."""
+    return [
+        {k: v for k, v in r.items() if not k.startswith(MACHINE_METRIC_PREFIXES) and k not in MACHINE_METRICS}
+        for r in records
+    ]
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -741,6 +741,7 @@ class Trainer(CheckpointingMixin):
         try:
             if cfg.rollout.async_rollout and self.state.step < run_end:
                 self._loader_trained = self.loader.state_dict()
+                in_flight, dropped = self._in_flight_rollouts(logger)
                 warning = uncorrected_lag_warning(cfg)
                 if warning:
                     logger.message(warning)
@@ -758,10 +759,14 @@ class Trainer(CheckpointingMixin):
                     self.produce_rollout,
                     self.backend,
                     start_step=self.state.step,
-                    end_step=run_end,
+                    # beyond a max_steps_per_run slice: the steps sampled before its last update,
+                    # kept by its checkpoint for the next slice (as an uninterrupted run samples them)
+                    end_step=min(cfg.trainer.max_steps, run_end + cfg.rollout.max_policy_lag),
                     max_policy_lag=cfg.rollout.max_policy_lag,
                     seed=cfg.seed,
                     num_threads=0 if own_process else cfg.rollout.async_threads,
+                    in_flight=in_flight,
+                    dropped_stale=dropped,
                 )
             yield
         finally:
@@ -771,6 +776,23 @@ class Trainer(CheckpointingMixin):
             if self.backend is not in_process_backend:  # the generation process: stop it
                 self.backend.shutdown()
                 self.backend = in_process_backend
+
+    def _in_flight_rollouts(self, logger) -> tuple[list[Rollout], int]:
+        """The rollouts the resume checkpoint kept from the producer (sampled by weights older than
+        its own), with the data position after them; none when they do not follow its step."""
+        saved, self._resumed_in_flight = self._resumed_in_flight, None
+        if not saved:
+            return [], 0
+        rollouts = saved["rollouts"]
+        if rollouts and rollouts[0].step != self.state.step:
+            logger.message(
+                f"nemo-azr: the checkpoint's in-flight rollouts start at step {rollouts[0].step}, not "
+                f"{self.state.step}; generating them again"
+            )
+            return [], int(saved["dropped_stale"])
+        if rollouts:
+            self.loader.load_state_dict(rollouts[-1].loader_after)  # the producer's draws go on from here
+        return rollouts, int(saved["dropped_stale"])
 
     def _train_steps(self, run: _RunProgress, run_end: int, logger) -> None:
         """The step loop: train, log, checkpoint; stop on a preemption signal (after saving what no

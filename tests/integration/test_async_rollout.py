@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 
 import pytest
 import torch
 
 from nemo_azr.preflight import load_config
 from nemo_azr.trainer.async_rollout import AsyncRollout, Rollout, check_lag
-from nemo_azr.trainer.metrics import read_metrics
+from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics
 from nemo_azr.trainer.trainer import Trainer
 
 
@@ -120,3 +121,48 @@ def test_checkpoint_keeps_the_data_position_of_the_trained_batches(tiny_cache, t
 
     for step in (2, 4):  # at step 2 the producer has already drawn step 2's prompts (one ahead)
         assert loader_state("async", step) == loader_state("sync", step)
+
+
+LAG1_TIS = ["rollout.async_rollout=true", "rollout.max_policy_lag=1", "algorithm.off_policy_correction=tis",
+            "algorithm.is_cap=2.0", "trainer.max_steps=5"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_lag_one_stopped_and_resumed_equals_the_uninterrupted_run(tiny_cache, tmp_path, where):
+    """Slices of 2 steps (each ends with a checkpoint and a new process-like start) and a signal
+    after the first step of a slice: the batches the producer sampled ahead with older weights are
+    kept in the checkpoint, so every step trains on what the uninterrupted run trained on."""
+    extra = [*LAG1_TIS, f"rollout.async_generation={where}"]
+    full, m_full = _fit_steps(tiny_cache, tmp_path / "full", *extra)
+
+    out = tmp_path / "stopped"
+    first = Trainer(_cfg(tiny_cache, out, *extra, "trainer.max_steps_per_run=2"))
+    assert first.fit().status == "paused"  # steps 0-1; the producer had sampled step 2 already
+    saved = torch.load(out / "checkpoints" / "step_2" / "async_in_flight.pt", weights_only=False)
+    assert [r.step for r in saved["rollouts"]] == [2] and saved["rollouts"][0].policy_version == 1
+    second = Trainer(_cfg(tiny_cache, out, *extra))
+    original = second.train_step
+
+    def stop_after_one(step):  # a preemption signal during step 2: save after it, exit
+        metrics = original(step)
+        second.preemption.signum = signal.SIGTERM
+        return metrics
+
+    second.train_step = stop_after_one
+    assert second.fit().status == "preempted"
+    third = Trainer(_cfg(tiny_cache, out, *extra))
+    assert third.fit().status == "completed"
+
+    m_stopped = without_machine_metrics(read_metrics(out / "metrics.jsonl"))
+    assert [r["step"] for r in m_stopped] == list(range(5))
+    assert without_machine_metrics(m_full) == m_stopped
+    assert max(r["off_policy/log_ratio_abs_mean"] for r in m_stopped[1:]) > 0  # really one version behind
+    for (name, p), q in zip(full.policy.model.named_parameters(), third.policy.model.parameters()):
+        assert torch.equal(p, q), name
+
+
+def _fit_steps(tiny_cache, out, *extra):
+    trainer = Trainer(_cfg(tiny_cache, out, *extra))
+    assert trainer.fit().status == "completed"
+    return trainer, read_metrics(out / "metrics.jsonl")
