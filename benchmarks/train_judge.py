@@ -146,7 +146,7 @@ def fit(args, rows: list[dict]) -> dict:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optim.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if (step + 1) % 10 == 0 or step + 1 == args.steps:
             window = losses[-10:]
             print(

@@ -310,6 +310,9 @@ class WandbConfig:
 class LoggerConfig:
     console: bool = True  # progress bar + a metrics line every console_interval steps
     console_interval: int = 10
+    # A "step N still running" line every heartbeat_s seconds of a step that is not done yet (a
+    # real model's self-play step takes minutes between two metrics lines); 0: off
+    heartbeat_s: float = 60.0
     jsonl: bool = True  # <output_dir>/metrics.jsonl
     samples_per_step: int = 4  # prompt/response/reward rows per step to <output_dir>/samples.jsonl; 0: off
     console_samples: bool = False  # also print them every console_interval steps

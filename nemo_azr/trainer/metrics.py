@@ -16,6 +16,8 @@ import json
 import math
 import os
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,36 @@ class MetricsLogger:
         self._tb = None
         if cfg.tensorboard:
             self._tb = self._call("tensorboard", self._init_tensorboard)
+        self._beat_lock = threading.Lock()
+        self._beat: tuple[int, float, threading.Timer] | None = None  # (step, start, timer)
+
+    # --- heartbeat -------------------------------------------------------------------------------
+    def step_started(self, step: int) -> None:
+        """``step`` (0-based) begins: a "still running" line every ``heartbeat_s`` until it is logged."""
+        if not (self.cfg.console and self.cfg.heartbeat_s > 0):
+            return
+        with self._beat_lock:
+            self._cancel_beat()
+            self._schedule_beat(step, time.monotonic())
+
+    def _schedule_beat(self, step: int, start: float) -> None:
+        timer = threading.Timer(self.cfg.heartbeat_s, self._heartbeat, (step, start))
+        timer.daemon = True
+        self._beat = (step, start, timer)
+        timer.start()
+
+    def _cancel_beat(self) -> None:
+        if self._beat is not None:
+            self._beat[2].cancel()
+            self._beat = None
+
+    def _heartbeat(self, step: int, start: float) -> None:
+        with self._beat_lock:
+            if self._beat is None or self._beat[0] != step:  # logged meanwhile: nothing to say
+                return
+            minutes, seconds = divmod(int(time.monotonic() - start), 60)
+            self.message(f"step {step + 1}: still running ({minutes}m {seconds:02d}s)")
+            self._schedule_beat(step, start)
 
     # --- fail-soft plumbing ----------------------------------------------------------------------
     def _active(self, sink: str) -> bool:
@@ -171,6 +203,8 @@ class MetricsLogger:
     # --- logging ---------------------------------------------------------------------------------
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """``step`` is the 0-based index of the finished step."""
+        with self._beat_lock:
+            self._cancel_beat()
         if self.failed:
             metrics = {**metrics, FAILED_SINKS_KEY: float(len(self.failed))}
         record = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
@@ -226,6 +260,8 @@ class MetricsLogger:
         _warn(text)
 
     def close(self) -> None:
+        with self._beat_lock:
+            self._cancel_beat()
         if self._bar is not None:
             self._call("console", self._bar.close)
         if self._wandb is not None:

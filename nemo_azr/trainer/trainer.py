@@ -118,6 +118,9 @@ class _NullLogger:
     def log_samples(self, step: int, records: list) -> None:
         pass
 
+    def step_started(self, step: int) -> None:
+        pass
+
     def message(self, msg: str) -> None:
         pass
 
@@ -809,6 +812,7 @@ class Trainer(CheckpointingMixin):
                 run.status = "preempted"
                 logger.message(f"nemo-azr: {self.preemption.describe()}: {what}, exiting for requeue")
                 return
+            logger.step_started(step)
             run.last = self.train_step(step)
             self.state.step = step + 1
             run.dirty = True

@@ -193,3 +193,33 @@ def test_a_crash_mid_rewrite_leaves_the_old_file(tmp_path, point):
     assert [r["step"] for r in read_metrics(metrics)] == [0, 1]
     assert run_id.read_text() == "new-id"
     assert sorted(p.name for p in tmp_path.iterdir()) == [METRICS_FILE, "wandb_run_id.txt"]
+
+
+def test_a_step_that_runs_long_prints_still_running_until_it_is_logged(tmp_path, capsys):
+    import time
+
+    logger = _logger(tmp_path, console=True, heartbeat_s=0.05)
+    try:
+        logger.step_started(6)
+        seen = ""
+        deadline = time.monotonic() + 30  # a loaded machine: wait for the lines, never for a time
+        while seen.count("step 7: still running") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            seen += capsys.readouterr().err
+        assert seen.count("step 7: still running (0m 0") >= 2, seen  # again and again, not once
+        logger.log(6, {"reward/mean": 1.0})
+        capsys.readouterr()
+        time.sleep(0.3)  # six heartbeat periods: a cancelled beat must stay silent
+        assert "still running" not in capsys.readouterr().err
+    finally:
+        logger.close()
+
+
+def test_no_heartbeat_when_it_is_off(tmp_path, capsys):
+    import time
+
+    logger = _logger(tmp_path, console=True, heartbeat_s=0)
+    logger.step_started(0)
+    time.sleep(0.2)
+    logger.close()
+    assert "still running" not in capsys.readouterr().err
