@@ -67,7 +67,18 @@ def overrides(out: Path, args) -> list[str]:
         f"sft_warmup.steps={args.warmup}",
         "data.prompts_per_step=4",
         "generation.n_samples=4",
+        *(ASYNC_OVERRIDES if args.async_rollout else []),
     ]
+
+
+#: ``--async``: rollouts one step ahead in a thread, corrected by truncated importance weights; a
+#: checkpoint then carries the batches sampled ahead (decision 155).
+ASYNC_OVERRIDES = (
+    "rollout.async_rollout=true",
+    "rollout.max_policy_lag=1",
+    "algorithm.off_policy_correction=tis",
+    "algorithm.is_cap=2.0",
+)
 
 
 def _env() -> dict:
@@ -402,6 +413,7 @@ def soak(args) -> dict:
             "threads": args.threads,
             "kill_shares": shares,
             "corrupt_prob": args.corrupt_prob,
+            "async": args.async_rollout,
             "seed": args.seed,
             "overrides": overrides(Path("<episode>"), args),
         },
@@ -449,7 +461,13 @@ def markdown(r: dict) -> str:
         f"(`arithmetic_grpo`) for {c['steps']} GRPO steps after a {c['sft_warmup_steps']}-step warm-up, "
         f"a checkpoint every {c['save_interval']} steps (keep_last 2), {c['threads']} torch thread(s), "
         f"killed with SIGKILL at random points and resumed with `trainer.resume=auto`. "
-        f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, shared with other jobs"
+        + (
+            "Asynchronous rollout (`--async`: lag 1 in a thread, TIS), so checkpoints carry the "
+            "batches sampled ahead. "
+            if c.get("async")
+            else ""
+        )
+        + f"Machine: {r['machine']['cpu']}, {r['machine']['cores']} cores, shared with other jobs"
         + (f"; code at commit {r['commit']}." if r.get("commit") else "."),
         "",
         "| | |",
@@ -513,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup-share", type=float, default=0.25, help="share of kills during start-up")
     p.add_argument("--save-share", type=float, default=0.3, help="share of kills aimed at a save")
     p.add_argument("--corrupt-prob", type=float, default=0.35, help="share of kills followed by damage")
+    p.add_argument(
+        "--async", dest="async_rollout", action="store_true", help="rollout.async_rollout, lag 1 + TIS"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/soak", help="work folder (deleted first)")
     p.add_argument("--results", default="", help="also write <results>.json and <results>.md")
