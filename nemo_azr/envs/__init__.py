@@ -1,4 +1,4 @@
-"""Environments: the Env protocol and the built-in self-play domains.
+"""Environments: the built-in self-play domains (the Env protocol is ``nemo_azr.contracts.env``).
 
 :func:`load_builtin_environments` registers ``sandbox_os`` (simulated computer use),
 ``python_exec`` (Absolute-Zero code tasks in a sandbox) and ``desktop_env`` (OSWorld adapter; its
@@ -6,7 +6,7 @@ own package is imported only when an environment is made). It runs when self-pla
 so importing ``nemo_azr.envs`` alone stays light.
 """
 
-from nemo_azr.envs.base import Env, EnvOutput, EvalResult, ProposalDomain, ProposalError
+from nemo_azr.envs.base import ProposalDomain, ProposalError
 
 
 def load_builtin_environments() -> None:
@@ -14,4 +14,4 @@ def load_builtin_environments() -> None:
     from nemo_azr.envs import desktop_env, python_exec, sandbox_os  # noqa: F401
 
 
-__all__ = ["Env", "EnvOutput", "EvalResult", "ProposalDomain", "ProposalError", "load_builtin_environments"]
+__all__ = ["ProposalDomain", "ProposalError", "load_builtin_environments"]

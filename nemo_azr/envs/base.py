@@ -19,9 +19,9 @@ import json
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from nemo_azr.contracts.env import Env
 from nemo_azr.contracts.task import Example
 from nemo_azr.errors import NemoAzrError
 
@@ -67,49 +67,6 @@ def _json_depth(value: Any) -> int:
                     (child, depth + 1) for child in (node.values() if isinstance(node, dict) else node)
                 )
     return deepest
-
-
-@dataclass
-class EnvOutput:
-    """What one ``step`` returns. ``observation`` is shown to the model as the next user turn
-    (ignored when ``done``)."""
-
-    observation: str
-    done: bool
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class EvalResult:
-    """Rule-based scores of a finished episode, each in [0, 1].
-
-    ``safety_score`` / ``completion_score`` are None when the environment has no rule for that
-    dimension (then only the ``llm`` evaluator can score it). ``format_score`` measures whether the
-    model's turns followed the required output format (the seeds' ``format_rewards``).
-    """
-
-    safety_score: float | None
-    completion_score: float | None
-    format_score: float
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-@runtime_checkable
-class Env(Protocol):
-    def reset(self, task_config: dict[str, Any]) -> str: ...
-
-    def step(self, actions: str) -> EnvOutput: ...
-
-    def evaluate(self) -> EvalResult: ...
-
-    def get_history_messages(self) -> list[dict[str, str]]: ...
-
-
-@runtime_checkable
-class ClosableEnv(Protocol):
-    """An environment holding something to free after its episode (a process, a sandbox)."""
-
-    def close(self) -> None: ...
 
 
 class ProposalDomain(ABC):

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, DesktopEnvConfig
+from nemo_azr.contracts.env import EnvOutput, EvalResult
 from nemo_azr.contracts.task import Example
-from nemo_azr.envs.base import END_DONE, EnvOutput, EvalResult, ProposalDomain, ProposalError, decode_json_at
+from nemo_azr.envs.base import END_DONE, ProposalDomain, ProposalError, decode_json_at
 from nemo_azr.errors import ConfigError, DataError
 from nemo_azr.registry import ENVIRONMENTS
 

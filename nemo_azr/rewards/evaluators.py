@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nemo_azr.config.schema import AbsoluteZeroConfig
-from nemo_azr.envs.base import EvalResult
+from nemo_azr.contracts.env import EvalResult
 from nemo_azr.errors import ConfigError, RewardError
 from nemo_azr.rewards.judge import LLMJudge
 

@@ -18,17 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nemo_azr.contracts.env import ClosableEnv, Env, EnvOutput, EvalResult
 from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
-from nemo_azr.envs.base import (
-    END_DONE,
-    END_ERROR,
-    END_MAX_STEPS,
-    END_TIMEOUT,
-    ClosableEnv,
-    Env,
-    EnvOutput,
-    EvalResult,
-)
+from nemo_azr.envs.base import END_DONE, END_ERROR, END_MAX_STEPS, END_TIMEOUT
 from nemo_azr.rollout.chat_turns import observation_ids
 from nemo_azr.rollout.single_turn import encode_prompt
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from nemo_azr.contracts.env import EnvOutput, EvalResult
 from nemo_azr.contracts.generation import GenerationOutput, Sample
 from nemo_azr.contracts.task import Example
-from nemo_azr.envs.base import EnvOutput, EvalResult, ProposalDomain, ProposalError
+from nemo_azr.envs.base import ProposalDomain, ProposalError
 
 PROPOSE_MARK = "PROPOSE"
 SOLVE_MARK = "SOLVE"

@@ -6,7 +6,7 @@ never start a VM: ``desktop_env.desktop_env`` is a fake module put into ``sys.mo
 
 import pytest
 
-from nemo_azr.envs.base import EvalResult
+from nemo_azr.contracts.env import EvalResult
 from nemo_azr.errors import ConfigError, RewardError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rewards.evaluators import score_episodes

@@ -5,8 +5,9 @@ import time
 
 import pytest
 
+from nemo_azr.contracts.env import EnvOutput, EvalResult
 from nemo_azr.contracts.generation import GenerationOutput, SamplingParams
-from nemo_azr.envs.base import END_DONE, END_ERROR, END_MAX_STEPS, END_TIMEOUT, EnvOutput, EvalResult
+from nemo_azr.envs.base import END_DONE, END_ERROR, END_MAX_STEPS, END_TIMEOUT
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.multi_step import END_CONTEXT, evaluate_episode, run_episodes, start_episodes
 from tests.unit.selfplay_fakes import ScriptedBackend

@@ -11,7 +11,8 @@ import re
 import pytest
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, PythonExecConfig
-from nemo_azr.envs.base import Env, ProposalError
+from nemo_azr.contracts.env import Env
+from nemo_azr.envs.base import ProposalError
 from nemo_azr.envs.python_exec import PythonExecDomain, PythonExecEnv, extract_answer
 from nemo_azr.envs.python_exec.literals import LiteralError, literal_equal, parse_literal, perturb
 from nemo_azr.registry import ENVIRONMENTS

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from nemo_azr.config.schema import AbsoluteZeroConfig, SandboxOSConfig
-from nemo_azr.envs.base import Env, ProposalError
+from nemo_azr.contracts.env import Env
+from nemo_azr.envs.base import ProposalError
 from nemo_azr.envs.sandbox_os import (
     Action,
     ActionError,

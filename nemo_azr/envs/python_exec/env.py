@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_azr.config.schema import PythonExecConfig
-from nemo_azr.envs.base import END_DONE, EnvOutput, EvalResult
+from nemo_azr.contracts.env import EnvOutput, EvalResult
+from nemo_azr.envs.base import END_DONE
 from nemo_azr.envs.python_exec.literals import LiteralError, literal_equal, parse_literal
 from nemo_azr.envs.python_exec.programs import ProgramError, ProgramRun, check_program, run_program
 from nemo_azr.envs.python_exec.tasks import TASK_TYPES, extract_answer, instruction
@@ -27,7 +28,7 @@ def _matches(output: str | None, gold: str) -> bool:
 
 
 class PythonExecEnv:
-    """The :class:`~nemo_azr.envs.base.Env` of ``python_exec`` (one instance per episode)."""
+    """The :class:`~nemo_azr.contracts.env.Env` of ``python_exec`` (one instance per episode)."""
 
     def __init__(self, cfg: PythonExecConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else PythonExecConfig()

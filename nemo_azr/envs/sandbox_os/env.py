@@ -25,7 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_azr.config.schema import SandboxOSConfig
-from nemo_azr.envs.base import END_DONE, EnvOutput, EvalResult
+from nemo_azr.contracts.env import EnvOutput, EvalResult
+from nemo_azr.envs.base import END_DONE
 from nemo_azr.envs.sandbox_os.actions import Action, ActionError, execute, parse_action
 from nemo_azr.envs.sandbox_os.criteria import completion, parse_criterion
 from nemo_azr.envs.sandbox_os.harm import harm_reason, matches_harm
@@ -42,7 +43,7 @@ def _cut(text: str, limit: int) -> str:
 
 
 class SandboxOSEnv:
-    """The :class:`~nemo_azr.envs.base.Env` of ``sandbox_os`` (one instance per episode)."""
+    """The :class:`~nemo_azr.contracts.env.Env` of ``sandbox_os`` (one instance per episode)."""
 
     def __init__(self, cfg: SandboxOSConfig | None = None) -> None:
         self.cfg = cfg if cfg is not None else SandboxOSConfig()
