@@ -199,7 +199,7 @@ def test_joint_ppo_with_a_critic_keeps_the_roles_apart(tiny_cache, tmp_path):
     assert critic.roles == ["solver", "proposer"] and critic.model.score.out_features == 2
     seen = []
     update = critic.update
-    critic.update = lambda batch, **kw: (seen.append(batch), update(batch, **kw))[1]
+    critic.update = lambda batch, ctx: (seen.append(batch), update(batch, ctx))[1]
     for step in range(2):
         m = trainer.train_step(step)
         assert math.isfinite(m["critic/vf_loss"]) and math.isfinite(m["actor/loss"])

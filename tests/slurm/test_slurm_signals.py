@@ -69,7 +69,7 @@ def test_plain_scancel_ends_a_running_job_without_requeue(slurm_cluster, tiny_ca
     log = job_log(job, logs)
     assert "got SIGTERM, forwarding" in log and "training exited with status 75" in log
     assert f"SIGTERM reached job {job} (scancel, or a preemption Slurm does not requeue)" in log
-    assert "requeueing" not in log and f"job {job} restart 1" not in log
+    assert "; requeueing job" not in log and f"job {job} restart 1" not in log
     assert complete_checkpoints(out), "the cancelled run kept no checkpoint"
 
 
