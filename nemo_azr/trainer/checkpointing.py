@@ -131,16 +131,9 @@ class CheckpointingMixin:
                 )
                 return final
             self.policy.save(tmp, tokenizer=self.tokenizer)
+            folder = self.checkpointer.publish(tmp, step)  # removes tmp itself when it fails
         except BaseException as exc:
             full = storage_full(exc, self.checkpointer.root, step)  # before the cleanup frees space
-            shutil.rmtree(tmp, ignore_errors=True)
-            if full is not None:
-                raise full from None
-            raise
-        try:
-            folder = self.checkpointer.publish(tmp, step)
-        except OSError as exc:
-            full = storage_full(exc, self.checkpointer.root, step)
             shutil.rmtree(tmp, ignore_errors=True)
             if full is not None:
                 raise full from None
