@@ -148,7 +148,7 @@ def selfplay_summary(out: Path, name: str) -> dict:
     }
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, values in series.items():
-        ax.plot([r["step"] + 1 for r in records], values, label=label, marker=".")
+        ax.plot([r["step"] for r in records], values, label=label, marker=".")
     ax.set_xlabel("RL step")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{name}: SmolLM2-135M-Instruct as proposer and solver")
@@ -186,7 +186,7 @@ def heldout_selfplay_curves(out: Path, name: str) -> dict:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, values in series.items():
         ax = axes[1] if label.startswith("solver") else axes[0]
-        ax.plot([r["step"] + 1 for r in records], values, label=label, marker=".", alpha=0.8)
+        ax.plot([r["step"] for r in records], values, label=label, marker=".", alpha=0.8)
     for ax, title in zip(axes, ("proposer", "solver (training episodes)")):
         ax.set_xlabel("RL step")
         ax.set_title(title)

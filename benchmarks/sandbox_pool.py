@@ -63,7 +63,7 @@ def run_case(name: str, workers: int, out: Path, args) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"{name}: nemo-azr train failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     rows = read_metrics(out / "metrics.jsonl")
-    steps = [r for r in rows if r["step"] > 0]  # step 0 carries start-up costs
+    steps = [r for r in rows if r["step"] > 1]  # step 1 carries start-up costs
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     return {
         "case": name,

@@ -230,7 +230,7 @@ def compare(out: Path, ref: Path, steps: int) -> dict:
     result = {
         "metrics_equal": without_machine_metrics(read_metrics(out / "metrics.jsonl"))
         == without_machine_metrics(read_metrics(ref / "metrics.jsonl")),
-        "metric_steps": [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(steps)),
+        "metric_steps": [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, steps + 1)),
         "samples_equal": read_metrics(out / "samples.jsonl") == read_metrics(ref / "samples.jsonl"),
         "weights_equal": (final / weights).is_file()
         and file_digest(final / weights) == file_digest(ref_final / weights),

@@ -94,11 +94,25 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no job ids given and no submissions under {args.log_dir}")
         return 0
     rows = [("JOBID", "NAME", "STATE", "EXIT", "SOURCE")]
-    rows += [(s.job_id, s.name, s.state, s.exit_code, s.source) for s in slurm.job_states(ids)]
+    rows += [(s.job_id, s.name, s.state, *_exit_and_source(s, args.log_dir)) for s in slurm.job_states(ids)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
     return 0
+
+
+def _exit_and_source(state: slurm.JobState, log_dir: str) -> tuple[str, str]:
+    """The job's exit code and where it came from. Slurm's job-completion file writes a cancelled
+    job's line when the cancel lands, before the batch script exits, so its ``0:0`` is not the
+    job's status: the script's own output says what the training exited with (the status the
+    script ends with on a cancel)."""
+    if state.source != "jobcomp" or not state.state.startswith("CANCELLED"):
+        return state.exit_code, state.source
+    folder = records.find_submission(log_dir, state.job_id)
+    status = records.training_exit_status(folder, state.job_id) if folder else None
+    if status is None:
+        return "?", "jobcomp (no exit code for a cancel)"
+    return f"{status}:0", "jobcomp + job output"
 
 
 def _logs(args: argparse.Namespace) -> int:

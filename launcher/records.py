@@ -67,6 +67,22 @@ def output_files(folder: Path, job_id: str) -> list[Path]:
     return files
 
 
+#: The batch script's line after the training processes end (slurm/job.sbatch.tmpl)
+TRAINING_EXIT_PREFIX = "nemo-azr-launch: training exited with status "
+
+
+def training_exit_status(folder: Path, job_id: str) -> int | None:
+    """The status the training processes of ``job_id`` last exited with, from its output file (the
+    batch script prints it before deciding to requeue or end); None when it never got that far."""
+    status = None
+    for path in output_files(folder, job_id)[:1]:  # the job's own file (an array job id: not its tasks')
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(TRAINING_EXIT_PREFIX):
+                tail = line[len(TRAINING_EXIT_PREFIX) :].strip()
+                status = int(tail) if tail.isdigit() else status
+    return status
+
+
 def _task_order(path: Path) -> tuple[int, str]:
     tail = path.stem.rsplit("_", 1)[-1]
     return (int(tail), "") if tail.isdigit() else (-1, path.name)

@@ -100,7 +100,8 @@ class MetricsLogger:
 
     # --- heartbeat -------------------------------------------------------------------------------
     def step_started(self, step: int) -> None:
-        """``step`` (0-based) begins: a "still running" line every ``heartbeat_s`` until it is logged."""
+        """Step ``step`` (1-based, as logged) begins: a "still running" line every ``heartbeat_s``
+        until it is logged."""
         if not (self.cfg.console and self.cfg.heartbeat_s > 0):
             return
         with self._beat_lock:
@@ -123,7 +124,7 @@ class MetricsLogger:
             if self._beat is None or self._beat[0] != step:  # logged meanwhile: nothing to say
                 return
             minutes, seconds = divmod(int(time.monotonic() - start), 60)
-            self.message(f"step {step + 1}: still running ({minutes}m {seconds:02d}s)")
+            self.message(f"step {step}: still running ({minutes}m {seconds:02d}s)")
             self._schedule_beat(step, start)
 
     # --- fail-soft plumbing ----------------------------------------------------------------------
@@ -202,7 +203,9 @@ class MetricsLogger:
 
     # --- logging ---------------------------------------------------------------------------------
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        """``step`` is the 0-based index of the finished step."""
+        """``step`` is the finished step's number, counted from 1: the number of updates done, the N
+        of checkpoint ``step_N`` (one numbering for the console, metrics.jsonl, samples, W&B and
+        TensorBoard; decision 157)."""
         with self._beat_lock:
             self._cancel_beat()
         if self.failed:
@@ -229,9 +232,9 @@ class MetricsLogger:
         }
         self._bar.set_postfix(shown, refresh=False)
         self._bar.update(1)
-        if (step + 1) % self.cfg.console_interval == 0:
+        if step % self.cfg.console_interval == 0:
             line = "  ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
-            self._bar.write(f"step {step + 1}: {line}", file=sys.stderr)
+            self._bar.write(f"step {step}: {line}", file=sys.stderr)
 
     def log_samples(self, step: int, records: list[dict[str, Any]]) -> None:
         """A step's sample texts: JSONL always, the console and W&B at the console interval."""
@@ -239,10 +242,10 @@ class MetricsLogger:
             return
         lines = [json.dumps({k: _jsonable(v) for k, v in r.items()}, ensure_ascii=False) for r in records]
         self._call("samples", _append_lines, self.samples_path, lines)
-        if (step + 1) % self.cfg.console_interval:
+        if step % self.cfg.console_interval:
             return
         if self.cfg.console_samples:
-            self.message(f"step {step + 1} samples:\n{format_samples(records)}")
+            self.message(f"step {step} samples:\n{format_samples(records)}")
         if self._wandb is not None:
             self._call("wandb", self._log_wandb_samples, step, records)
 
@@ -288,7 +291,8 @@ def _append_lines(path: Path, lines: list[str]) -> None:
 
 
 def truncate_jsonl(path: Path, step: int) -> None:
-    """On resume, drop the records of steps at or after ``step`` (they will be logged again); a
+    """On resume from checkpoint ``step_<step>``, drop the records of the steps after it (they will be
+    logged again); a
     torn last line from a crash goes too. The file is replaced atomically (a crash leaves the old
     one), and left untouched when nothing is dropped."""
     if not path.exists():
@@ -299,7 +303,7 @@ def truncate_jsonl(path: Path, step: int) -> None:
             record = json.loads(line)
         except json.JSONDecodeError:
             return False
-        return isinstance(record, dict) and record.get("step", -1) < step
+        return isinstance(record, dict) and record.get("step", -1) <= step
 
     rewrite_lines(path, keep)
 

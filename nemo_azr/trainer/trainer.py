@@ -405,7 +405,7 @@ class Trainer(CheckpointingMixin):
         t_refit = time.perf_counter()
         metrics.update(self.backend.refit_metrics)  # trtllm: refit time, probe gap
         self.state.samples_seen += len(batch)
-        self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step)
+        self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step + 1)
         self.state.consecutive_skips = 0
         metrics.update(batch_metrics(batch))
         self._last_flops = policy_step_flops(
@@ -473,7 +473,7 @@ class Trainer(CheckpointingMixin):
             return
         self._reward_error_reported = True
         print(
-            f"nemo-azr: warning: step {step}: {errors['first']}; {errors['count']} row(s) dropped. "
+            f"nemo-azr: warning: step {step + 1}: {errors['first']}; {errors['count']} row(s) dropped. "
             "Later failures are counted in reward/errors only",
             file=sys.stderr,
             flush=True,
@@ -522,7 +522,7 @@ class Trainer(CheckpointingMixin):
         self.state.consecutive_skips += 1
         if self.state.consecutive_skips > self.cfg.trainer.max_skipped_steps:
             raise RewardError(
-                f"step {step}: {why} for {self.state.consecutive_skips} steps in a row "
+                f"step {step + 1}: {why} for {self.state.consecutive_skips} steps in a row "
                 f"(trainer.max_skipped_steps={self.cfg.trainer.max_skipped_steps}); {hint}"
             )
         metrics["trainer/skipped_steps"] = float(self.state.skipped_steps)
@@ -789,8 +789,8 @@ class Trainer(CheckpointingMixin):
         rollouts = saved["rollouts"]
         if rollouts and rollouts[0].step != self.state.step:
             logger.message(
-                f"nemo-azr: the checkpoint's in-flight rollouts start at step {rollouts[0].step}, not "
-                f"{self.state.step}; generating them again"
+                f"nemo-azr: the checkpoint's in-flight rollouts start at step {rollouts[0].step + 1}, not "
+                f"{self.state.step + 1}; generating them again"
             )
             return [], int(saved["dropped_stale"])
         if rollouts:
@@ -812,7 +812,7 @@ class Trainer(CheckpointingMixin):
                 run.status = "preempted"
                 logger.message(f"nemo-azr: {self.preemption.describe()}: {what}, exiting for requeue")
                 return
-            logger.step_started(step)
+            logger.step_started(step + 1)  # step: the 0-based index; users see step + 1 (decision 157)
             run.last = self.train_step(step)
             self.state.step = step + 1
             run.dirty = True
@@ -822,9 +822,9 @@ class Trainer(CheckpointingMixin):
             preempted = self._preemption_agreed()
             if preempted and finite_loss(run.last):
                 run.last_saved, run.dirty = self.save_checkpoint(), False
-            logger.log(step, run.last)
-            logger.log_samples(step, self.last_samples)
-            check_finite_loss(run.last, step)
+            logger.log(self.state.step, run.last)
+            logger.log_samples(self.state.step, self.last_samples)
+            check_finite_loss(run.last, self.state.step)
             interval = cfg.trainer.save_interval
             if interval and self.state.step % interval == 0 and run.dirty:
                 run.last_saved, run.dirty = self.save_checkpoint(), False

@@ -48,7 +48,7 @@ def test_azr_sandbox_20_steps_then_plot(tiny_cache, tmp_path, capsys):
     assert main(["train", *common, *train]) == 0
     assert (out / "checkpoints" / "step_0" / "COMPLETE").is_file()  # the warmed-up model is kept
     records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for r in records:
         missing = [k for k in SEED_METRICS if k not in r]
         assert not missing, f"step {r['step']} lacks {missing}"

@@ -46,7 +46,7 @@ def test_two_grpo_steps_and_eval_on_smollm2(tmp_path):
     base = ["experiment=arithmetic_grpo_smollm2", f"trainer.output_dir={out}", *SMALL]
     _run("train", *base, "trainer.max_steps=2")
     records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [1, 2]
     for r in records:
         assert r["batch/rows"] == 8 and r["response/length_mean"] > 0 and r["system/peak_rss_gb"] > 0.5
     samples = read_metrics(out / "samples.jsonl")

@@ -25,7 +25,7 @@ def test_rlcr_experiment_20_steps_then_eval(experiment, tiny_cache, tmp_path, ca
     ]
     assert main(["train", *common, f"trainer.max_steps={STEPS}"]) == 0
     records = read_metrics(out / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(STEPS))
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert all(math.isfinite(r["actor/loss"]) and "rlcr/accuracy" in r for r in records)
     assert main(["eval", *common, "eval.num_examples=16"]) == 0
     metrics = json.loads((out / "eval" / "metrics.json").read_text())

@@ -221,7 +221,7 @@ def hf_run(warm_model, tiny_cache, tmp_path_factory) -> list[dict]:
 def test_tp2_grpo_run_follows_the_hf_backend(layouts_run, hf_run):
     """Four GRPO steps at TP=2 (two processes) take the hf backend's path: same rewards, same losses."""
     tp2 = read_metrics(layouts_run / "run_a" / "metrics.jsonl")
-    assert [r["step"] for r in tp2] == [r["step"] for r in hf_run] == [0, 1, 2, 3]  # rank 0 logs once
+    assert [r["step"] for r in tp2] == [r["step"] for r in hf_run] == [1, 2, 3, 4]  # rank 0 logs once
     assert len({r["reward/mean"] for r in hf_run}) > 1  # the policy (and its samples) changed
     for a, b in zip(hf_run, tp2):
         assert b["reward/mean"] == a["reward/mean"], a["step"]
@@ -234,7 +234,7 @@ def test_distributed_optimizer_run_resumes_at_another_layout(layouts_run, hf_run
     sharded over the two data-parallel ranks) resumes at TP=2 (DP=1) and continues the same metrics."""
     run_c = read_metrics(layouts_run / "run_c" / "metrics.jsonl")
     run_d = read_metrics(layouts_run / "run_d" / "metrics.jsonl")
-    assert [r["step"] for r in run_c] == [0, 1] and [r["step"] for r in run_d] == [1]
+    assert [r["step"] for r in run_c] == [1, 2] and [r["step"] for r in run_d] == [2]
     for a, b in [*zip(hf_run, run_c), (hf_run[1], run_d[0])]:
         assert b["reward/mean"] == a["reward/mean"], a["step"]
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]
@@ -262,7 +262,7 @@ def assert_same_step_weights(run: Path, resumed: Path, *, before: int, after: in
 def test_tp2_resume_continues_the_same_metrics(layouts_run):
     run_a = read_metrics(layouts_run / "run_a" / "metrics.jsonl")
     run_b = read_metrics(layouts_run / "run_b" / "metrics.jsonl")
-    assert [r["step"] for r in run_b] == [2, 3]
+    assert [r["step"] for r in run_b] == [3, 4]
     for a, b in zip(run_a[2:], run_b):
         for key in ("actor/loss", "actor/grad_norm", "reward/mean", "batch/tokens", "actor/lr"):
             assert b[key] == pytest.approx(a[key], abs=1e-6), (a["step"], key)
@@ -467,7 +467,7 @@ def test_parallel_run_generating_with_megatron_follows_the_hf_backend(run, layou
     activations pass stage to stage and the last stage's logits are broadcast. Both draw the hf
     backend's samples (equal-length prompts, same random stream), with no refit copy."""
     records = read_metrics(layouts_run / run / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [1, 2]
     for a, b in zip(hf_run, records):
         assert b["reward/mean"] == a["reward/mean"] and b["batch/tokens"] == a["batch/tokens"], a["step"]
         assert b["actor/loss"] == pytest.approx(a["actor/loss"], abs=ATOL), a["step"]

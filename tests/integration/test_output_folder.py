@@ -78,7 +78,7 @@ def test_a_second_run_on_the_same_folder_is_refused_and_the_first_goes_on(
     assert first.returncode == EXIT_PREEMPTED, err[-2000:]
     assert "seed: 1" in (out / "config.yaml").read_text().splitlines()  # its own config ...
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
-    assert steps == list(range(len(steps)))  # ... its own metrics, one run's rows in order
+    assert steps == list(range(1, len(steps) + 1))  # ... its own metrics, one run's rows in order
     (ckpt,) = [p for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")]
     assert is_complete(ckpt) and json.loads((ckpt / "trainer_state.json").read_text())["step"] == len(steps)
     assert not (out / LOCK_FILE).exists()  # released on the way out

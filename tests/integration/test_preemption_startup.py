@@ -131,7 +131,7 @@ def test_signal_while_the_resume_checkpoint_loads(tiny_cache, tmp_path, capsys, 
     assert "nemo-azr: SIGTERM during resume load: nothing new to save, exiting for requeue" in err
     assert "preempted at step" in stdout
     assert _steps(out) == ["step_1"] and done.stat().st_mtime_ns == mtime  # nothing rewritten
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0]  # no step trained
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1]  # no step trained
     monkeypatch.undo()
     rc, stdout, _ = _train(capsys, tiny_cache, out)
     assert rc == 0 and f"completed at step {STEPS}" in stdout

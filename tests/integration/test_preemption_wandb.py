@@ -93,7 +93,7 @@ def test_sigterm_with_wandb_service_killed_still_checkpoints(tiny_cache, tiny_mo
     ckpt = out / "checkpoints" / f"step_{step}"
     assert (ckpt / "COMPLETE").is_file()
     assert f"nemo-azr: SIGTERM during training: saved {ckpt}, exiting for requeue" in stderr
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(step))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, step + 1))
 
     # The requeued job resumes from that checkpoint (W&B on again, a fresh service) and finishes.
     done = subprocess.run(
@@ -101,4 +101,4 @@ def test_sigterm_with_wandb_service_killed_still_checkpoints(tiny_cache, tiny_mo
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"resumed from {ckpt}" in done.stderr and f"completed at step {step + 1}" in done.stdout
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(step + 1))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, step + 2))

@@ -57,14 +57,14 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
 
     a = _comparable(read_metrics(full / "metrics.jsonl"))
     b = _comparable(read_metrics(split / "metrics.jsonl"))
-    assert [r["step"] for r in b] == list(range(2 * N))
+    assert [r["step"] for r in b] == list(range(1, 2 * N + 1))
     assert a == b
     # What the model wrote is logged too (logger.samples_per_step, default 4 rows per step, from 4
     # different prompts), and a resumed run rewrites exactly the steps after its checkpoint.
     samples_full, samples_split = read_metrics(full / "samples.jsonl"), read_metrics(split / "samples.jsonl")
     assert samples_full == samples_split
-    assert [r["step"] for r in samples_full] == [step for step in range(2 * N) for _ in range(4)]
-    for step in range(2 * N):
+    assert [r["step"] for r in samples_full] == [step for step in range(1, 2 * N + 1) for _ in range(4)]
+    for step in range(1, 2 * N + 1):
         rows = [r for r in samples_full if r["step"] == step]
         assert len({r["group_id"] for r in rows}) == 4 and all(
             r["prompt"].startswith("What is") for r in rows

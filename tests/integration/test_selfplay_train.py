@@ -173,7 +173,7 @@ def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
         comparable(tmp_path / "full" / "metrics.jsonl"),
         comparable(tmp_path / "split" / "metrics.jsonl"),
     )
-    assert [r["step"] for r in split] == list(range(2 * n))
+    assert [r["step"] for r in split] == list(range(1, 2 * n + 1))
     assert full == split
     assert any(r["proposer/num_trajectories"] > 0 for r in full)
 

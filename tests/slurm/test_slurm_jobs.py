@@ -43,7 +43,7 @@ def test_two_rank_cpu_job_runs_to_the_end(slurm_cluster, tiny_cache, tmp_path, l
     assert states([job], logs)[job] == ("COMPLETED", "0:0"), log
     # tp=2 needs a world of 2 (the trainer checks tp x pp x dp = world size), and rank 0 alone reports.
     assert log.count("completed at step 3") == 1, log
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
     assert (out / "checkpoints" / "step_3" / "COMPLETE").is_file()
     tasks = "--ntasks-per-node=1" if launcher == "torchrun" else "--ntasks-per-node=2"
     assert f"#SBATCH {tasks}" in (folder / "job.sbatch").read_text()
@@ -91,7 +91,7 @@ def test_preempted_job_requeues_and_matches_an_uninterrupted_run(slurm_cluster, 
     assert reference.wait(timeout=JOB_TIMEOUT_S) == 0, reference.stderr.read()
     a = without_machine_metrics(read_metrics(tmp_path / "ref" / "metrics.jsonl"))
     b = without_machine_metrics(read_metrics(metrics))
-    assert [r["step"] for r in b] == list(range(steps))
+    assert [r["step"] for r in b] == list(range(1, steps + 1))
     assert a == b
     assert any(r["actor/grad_norm"] > 0 for r in a[k:])  # the resumed part really trained
 
@@ -121,7 +121,7 @@ def test_three_link_chain_resumes_link_to_link(slurm_cluster, tiny_cache, tmp_pa
         third
     )
     assert all("the next chain link resumes" in x for x in (first, second))
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
     assert (out / "checkpoints" / "step_3" / "COMPLETE").is_file()
 
 

@@ -136,4 +136,4 @@ def test_preempted_job_requeues_and_resumes(
     assert m, log
     assert 3 <= int(m.group(1)) < steps
     assert f"completed at step {steps}" in log
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(steps))
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, steps + 1))

@@ -149,9 +149,9 @@ def _jsonl(path, steps, *, torn=False):
 
 def test_truncate_keeps_earlier_steps_drops_later_and_torn_lines(tmp_path):
     path = tmp_path / METRICS_FILE
-    _jsonl(path, range(6), torn=True)
-    truncate_jsonl(path, 4)
-    assert [r["step"] for r in read_metrics(path)] == [0, 1, 2, 3]
+    _jsonl(path, range(1, 7), torn=True)
+    truncate_jsonl(path, 4)  # resuming from step_4: steps 1-4 stay
+    assert [r["step"] for r in read_metrics(path)] == [1, 2, 3, 4]
     mtime = path.stat().st_mtime_ns
     truncate_jsonl(path, 4)  # nothing to drop: not rewritten
     assert path.stat().st_mtime_ns == mtime
@@ -178,7 +178,7 @@ def test_a_crash_mid_rewrite_leaves_the_old_file(tmp_path, point):
     """Killed after the new content is written (fsync) or just before the swap (replace): the old
     metrics.jsonl / run-id file is intact, and the next rewrite succeeds and leaves no temp."""
     metrics = tmp_path / METRICS_FILE
-    _jsonl(metrics, range(5))
+    _jsonl(metrics, range(1, 6))
     run_id = tmp_path / "wandb_run_id.txt"
     run_id.write_text("old-id")
     before = metrics.read_bytes()
@@ -190,7 +190,7 @@ def test_a_crash_mid_rewrite_leaves_the_old_file(tmp_path, point):
 
     truncate_jsonl(metrics, 2)
     atomic_write_text(run_id, "new-id")
-    assert [r["step"] for r in read_metrics(metrics)] == [0, 1]
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2]
     assert run_id.read_text() == "new-id"
     assert sorted(p.name for p in tmp_path.iterdir()) == [METRICS_FILE, "wandb_run_id.txt"]
 
@@ -200,14 +200,14 @@ def test_a_step_that_runs_long_prints_still_running_until_it_is_logged(tmp_path,
 
     logger = _logger(tmp_path, console=True, heartbeat_s=0.05)
     try:
-        logger.step_started(6)
+        logger.step_started(7)
         seen = ""
         deadline = time.monotonic() + 30  # a loaded machine: wait for the lines, never for a time
         while seen.count("step 7: still running") < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
             seen += capsys.readouterr().err
         assert seen.count("step 7: still running (0m 0") >= 2, seen  # again and again, not once
-        logger.log(6, {"reward/mean": 1.0})
+        logger.log(7, {"reward/mean": 1.0})
         capsys.readouterr()
         time.sleep(0.3)  # six heartbeat periods: a cancelled beat must stay silent
         assert "still running" not in capsys.readouterr().err
