@@ -16,6 +16,13 @@ optimizer / rng / trainer-state file, a deleted file, or an extra garbage file, 
 the next launch must report the damaged one in one line and fall back to the newest intact one
 (the extra file: resume from it as usual). That launch is killed only after it resumed.
 
+Second writers (``--second-writer-prob``): before some launches are killed, a second run with another
+seed is started on the same folder while the first holds its lock. The first is stopped (SIGSTOP)
+from the moment its lock names it until the second has exited, so the test does not depend on which
+of the two reaches a file first: the second must exit 2 with one line naming the first's pid, and
+leave every file of the folder as it was. The first then goes on (SIGCONT) and its episode must still
+equal the reference.
+
 Writes ``<out>/soak.json`` and, with ``--results``, ``<results>.json`` and ``<results>.md``.
 """
 
@@ -43,6 +50,7 @@ from machine import cpu_model  # noqa: E402
 
 from nemo_azr.trainer.checkpoint import COMPLETE_MARKER, TMP_PREFIX, file_digest, verify_checkpoint  # noqa: E402
 from nemo_azr.trainer.metrics import read_metrics, without_machine_metrics  # noqa: E402
+from nemo_azr.trainer.output_lock import LOCK_FILE  # noqa: E402
 
 DAMAGE_KINDS = (
     "flip-weights",
@@ -90,13 +98,17 @@ def _env() -> dict:
 class Launch:
     """One ``python -m nemo_azr train`` in its own process group, stdout/stderr to files."""
 
-    def __init__(self, out: Path, args, index: int) -> None:
+    def __init__(self, out: Path, args, index: int | str, extra: tuple[str, ...] = ()) -> None:
         self.out = out
-        self.log = out.parent / f"{out.name}.launch{index:03d}.log"
+        self.log = (
+            out.parent / f"{out.name}.launch{index:03d}.log"
+            if isinstance(index, int)
+            else out.parent / f"{out.name}.{index}.log"
+        )
         self.fh = open(self.log, "w")  # noqa: SIM115 - closed in wait()
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nemo_azr", "train", *overrides(out, args)],
+            [sys.executable, "-m", "nemo_azr", "train", *overrides(out, args), *extra],
             stdout=self.fh,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -118,13 +130,65 @@ class Launch:
         return "resumed from " in text or "supervised warm-up:" in text
 
     def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+
+    def signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):  # it may have just exited
-            os.killpg(self.proc.pid, signal.SIGKILL)  # this launch's own group (start_new_session)
+            os.killpg(self.proc.pid, sig)  # this launch's own group (start_new_session)
 
     def wait(self) -> int:
         rc = self.proc.wait()
         self.fh.close()
         return rc
+
+
+def lock_holder_pid(out: Path) -> int | None:
+    """The pid the folder's lock file names (the run holding it, or one that died holding it)."""
+    try:
+        return int(json.loads((out / LOCK_FILE).read_text()).get("pid"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def folder_state(out: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``out``: (size, mtime in ns)."""
+    return {
+        str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in out.rglob("*")
+        if p.is_file()
+    }
+
+
+def second_writer(first: Launch, out: Path, args, index: int) -> dict:
+    """Start a second run (another seed) on ``first``'s folder while ``first`` holds the lock and is
+    stopped; it must refuse in one line naming ``first`` and change nothing. Returns the record."""
+    while first.running() and lock_holder_pid(out) != first.proc.pid:
+        time.sleep(0.005)
+    if not first.running():
+        return {"probed": False}
+    first.signal(signal.SIGSTOP)
+    paused_at = time.monotonic()
+    try:
+        before = folder_state(out)
+        second = Launch(out, args, f"second{index:03d}", ("seed=1",))
+        rc = second.wait()
+        text = second.text()
+        after = folder_state(out)
+    finally:
+        first.signal(signal.SIGCONT)
+    first.t0 += time.monotonic() - paused_at  # the kill delays count the first run's own time
+    named = f"is in use by another training run (pid {first.proc.pid} on host"
+    lines = [line for line in text.splitlines() if line.strip()]
+    record = {
+        "probed": True,
+        "rc": rc,
+        "named_first": any(named in line for line in lines),
+        "lines": len(lines),
+        "unchanged": before == after,
+        "line": next((line for line in lines if named in line), lines[-1] if lines else ""),
+    }
+    record["ok"] = rc == 2 and record["named_first"] and record["unchanged"] and len(lines) == 1
+    return record
 
 
 def checkpoints(out: Path) -> Path:
@@ -278,6 +342,7 @@ def soak(args) -> dict:
     corruptions = []  # one record per damaged checkpoint
     failures = []
     pending = None  # the corruption the next launch must react to
+    writers = []  # one record per second-writer probe
     while cycles < args.cycles or episodes == [] or not episodes[-1].get("done"):
         if not episodes or episodes[-1].get("done"):
             episodes.append({"index": len(episodes), "launches": 0, "kills": 0})
@@ -291,6 +356,14 @@ def soak(args) -> dict:
             mode = rng.choices(list(shares), weights=list(shares.values()))[0]
             if pending and mode == "start-up":  # after a corruption: kill only once it has resumed
                 mode = "training"
+        if cycles < args.cycles and args.second_writer_prob > 0 and rng.random() < args.second_writer_prob:
+            probe = second_writer(launch, out, args, len(writers))
+            if probe["probed"]:
+                writers.append({"episode": ep["index"], **probe})
+                if not probe["ok"]:
+                    failures.append(
+                        {"episode": ep["index"], "what": "second writer not refused cleanly", **probe}
+                    )
         temps_before = {p.name for p in temp_folders(out)}
         # start-up: uniform over the reference's start-up; training: over its training time, counted
         # from the line that says the run resumed (or finished its warm-up).
@@ -414,6 +487,7 @@ def soak(args) -> dict:
             "kill_shares": shares,
             "corrupt_prob": args.corrupt_prob,
             "async": args.async_rollout,
+            "second_writer_prob": args.second_writer_prob,
             "seed": args.seed,
             "overrides": overrides(Path("<episode>"), args),
         },
@@ -448,6 +522,9 @@ def soak(args) -> dict:
         "verify_tiny_checkpoint_ms": round(1000 * statistics.median(verify_s), 2),
         "tiny_checkpoint_bytes": sum(p.stat().st_size for p in final.rglob("*") if p.is_file()),
         "corruption_log": corruptions,
+        "second_writers": len(writers),
+        "second_writers_refused": sum(1 for w in writers if w["ok"]),
+        "second_writer_lines": sorted({w["line"].split(" (pid ")[0] for w in writers})[:3],
     }
 
 
@@ -457,7 +534,10 @@ def markdown(r: dict) -> str:
         "# Kill -9 / resume soak",
         "",
         "`bash scripts/soak.sh --cycles "
-        f"{c['cycles_requested']} --seed {c['seed']}` (benchmarks/soak.py): the default tiny job "
+        f"{c['cycles_requested']} --seed {c['seed']}"
+        + (" --async" if c.get("async") else "")
+        + (f" --second-writer-prob {c['second_writer_prob']}" if c.get("second_writer_prob") else "")
+        + "` (benchmarks/soak.py): the default tiny job "
         f"(`arithmetic_grpo`) for {c['steps']} GRPO steps after a {c['sft_warmup_steps']}-step warm-up, "
         f"a checkpoint every {c['save_interval']} steps (keep_last 2), {c['threads']} torch thread(s), "
         f"killed with SIGKILL at random points and resumed with `trainer.resume=auto`. "
@@ -479,6 +559,14 @@ def markdown(r: dict) -> str:
         f"| damaged resumes detected (one line) / fallbacks expected | {r['corrupt_resumes_detected']} / {r['fallbacks_expected']} |",
         f"| corruptions handled as expected (fallback, or extra file accepted) | {r['corruptions_handled']} / {r['corruptions']} |",
         f"| `resume_fallbacks` in the final checkpoints (summed) | {r['resume_fallbacks_counted']} |",
+        *(
+            [
+                f"| second writers started on a held folder / refused in one line naming the first, nothing changed | "
+                f"{r['second_writers']} / {r['second_writers_refused']} |"
+            ]
+            if r.get("second_writers")
+            else []
+        ),
         f"| failures | {len(r['failures'])} |",
         f"| wall time | {r['wall_s']:.0f} s ({r['s_per_cycle']:.1f} s per cycle; reference run {r['reference_run_s']:.1f} s) |",
         f"| verify one tiny checkpoint ({r['tiny_checkpoint_bytes'] / 1e6:.1f} MB, warm cache) | {r['verify_tiny_checkpoint_ms']:.1f} ms |",
@@ -516,6 +604,22 @@ def markdown(r: dict) -> str:
         "```",
         "",
     ]
+    if r.get("second_writers"):
+        lines += [
+            "## Second writers",
+            "",
+            f"Before {r['second_writers']} of the launches were killed, a second run (seed 1) was started "
+            "on the same folder as soon as the first's lock named it; the first was stopped (SIGSTOP) "
+            "until the second had exited, so neither could win a race to a file. Each second run must "
+            "exit 2 with one line naming the first's pid and leave every file's size and mtime as they "
+            "were; the first then went on and its episode was compared with the reference like any "
+            "other. The line (up to the pid):",
+            "",
+            "```",
+            *r["second_writer_lines"],
+            "```",
+            "",
+        ]
     if r["failures"]:
         lines += ["## Failures", "", "```", *[json.dumps(f)[:400] for f in r["failures"]], "```", ""]
     return "\n".join(lines)
@@ -533,6 +637,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corrupt-prob", type=float, default=0.35, help="share of kills followed by damage")
     p.add_argument(
         "--async", dest="async_rollout", action="store_true", help="rollout.async_rollout, lag 1 + TIS"
+    )
+    p.add_argument(
+        "--second-writer-prob",
+        type=float,
+        default=0.0,
+        help="share of launches that face a second run (seed 1) on their folder while holding its lock",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/soak", help="work folder (deleted first)")

@@ -6,6 +6,8 @@
 #
 #   bash scripts/soak.sh                        # 50 cycles into outputs/soak (~8 min on 2 cores)
 #   bash scripts/soak.sh --cycles 5 --out /tmp/soak
+#   bash scripts/soak.sh --async                 # async rollout (lag 1 + TIS): in-flight batches resume exactly
+#   bash scripts/soak.sh --second-writer-prob 0.5  # half the launches face a second run on their folder
 #   bash scripts/soak.sh --cycles 50 --results benchmarks/results/soak   # the committed result
 #
 # Options: python benchmarks/soak.py --help. Exit status 0 only if every episode was equal and
