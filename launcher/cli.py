@@ -104,12 +104,11 @@ def _status(args: argparse.Namespace) -> int:
 def _exit_and_source(state: slurm.JobState, log_dir: str) -> tuple[str, str]:
     """The job's exit code and where it came from. Slurm's job-completion file writes a cancelled
     job's line when the cancel lands, before the batch script exits, so its ``0:0`` is not the
-    job's status: the script's own output says what the training exited with (the status the
-    script ends with on a cancel)."""
+    job's status: the script's own output says what it ended with."""
     if state.source != "jobcomp" or not state.state.startswith("CANCELLED"):
         return state.exit_code, state.source
     folder = records.find_submission(log_dir, state.job_id)
-    status = records.training_exit_status(folder, state.job_id) if folder else None
+    status = records.job_exit_status(folder, state.job_id) if folder else None
     if status is None:
         return "?", "jobcomp (no exit code for a cancel)"
     return f"{status}:0", "jobcomp + job output"

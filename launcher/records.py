@@ -10,6 +10,7 @@ inside it, so the job id is recorded afterwards.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
 from pathlib import Path
@@ -67,20 +68,18 @@ def output_files(folder: Path, job_id: str) -> list[Path]:
     return files
 
 
-#: The batch script's line after the training processes end (slurm/job.sbatch.tmpl)
-TRAINING_EXIT_PREFIX = "nemo-azr-launch: training exited with status "
-
-
-def training_exit_status(folder: Path, job_id: str) -> int | None:
-    """The status the training processes of ``job_id`` last exited with, from its output file (the
-    batch script prints it before deciding to requeue or end); None when it never got that far."""
+def job_exit_status(folder: Path, job_id: str) -> int | None:
+    """The status the batch script of ``job_id`` last ended with, from the line its EXIT trap prints
+    (slurm/job.sbatch.tmpl); None when it never ended on its own (killed)."""
     status = None
     for path in output_files(folder, job_id)[:1]:  # the job's own file (an array job id: not its tasks')
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith(TRAINING_EXIT_PREFIX):
-                tail = line[len(TRAINING_EXIT_PREFIX) :].strip()
-                status = int(tail) if tail.isdigit() else status
+        for found in _EXIT_LINE.finditer(path.read_text(errors="replace")):
+            status = int(found.group(1))  # a requeued job appends to its file: the last one counts
     return status
+
+
+#: what the batch script's EXIT trap prints (an array task's own job id differs from ``123_4``)
+_EXIT_LINE = re.compile(r"^nemo-azr-launch: job \d+ exits with status (\d+)$", re.M)
 
 
 def _task_order(path: Path) -> tuple[int, str]:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 
 import pytest
 
 from nemo_azr.trainer.metrics import read_metrics
 from tests.slurm.jobs import (
+    JOB_TIMEOUT_S,
     job_log,
     launch,
     queued,
@@ -137,3 +139,37 @@ def test_preempted_job_requeues_and_resumes(
     assert 3 <= int(m.group(1)) < steps
     assert f"completed at step {steps}" in log
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == list(range(1, steps + 1))
+
+
+@pytest.mark.slow
+def test_a_time_limit_signal_in_the_jobs_first_moment_requeues_it(slurm_cluster, tiny_cache, tmp_path):
+    """SIGUSR1 to the batch shell in its first milliseconds (here: while cluster.setup runs, before
+    srun): the shell holds it instead of dying of it (the job would end FAILED), starts nothing,
+    requeues, and the requeued job trains to the end. The set-up waits for the test (a go file), so
+    the signal lands there however loaded the machine is."""
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    started, go = tmp_path / "setup-started", tmp_path / "go"
+    setup = f"cluster.setup=['touch {started}; until [ -e {go} ]; do sleep 0.05; done']"
+    (job,), folder = submit(
+        *tiny_overrides(tiny_cache, out, logs, "trainer.max_steps=3", "sft_warmup.steps=0", setup)
+    )
+    output = folder / f"slurm-{job}.out"
+
+    def wait_for(what) -> None:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not what():
+            assert time.monotonic() < deadline and queued([job]), job_log(job, logs)
+            time.sleep(0.01)
+
+    wait_for(started.exists)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    wait_for(lambda: output.is_file() and "holding it" in output.read_text())
+    go.touch()
+    wait_done([job])
+    log = job_log(job, logs)
+    assert "got SIGUSR1 while the training processes start; holding it" in log, log
+    assert "SIGUSR1 came before the training processes started; not starting them" in log, log
+    assert f"requeueing job {job}" in log and f"job {job} restart 1" in log, log
+    assert "completed at step 3" in log, log
+    assert states([job], logs)[job] == ("COMPLETED", "0:0"), log
+    assert log.rstrip().splitlines()[-1] == f"nemo-azr-launch: job {job} exits with status 0"

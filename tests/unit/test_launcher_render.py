@@ -229,6 +229,39 @@ def test_a_signal_before_the_ranks_are_ready_is_held_then_forwarded(capsys, tmp_
     assert not list((tmp_path / "run").glob(".ready-*"))  # the markers are cleaned up
 
 
+def test_a_signal_during_set_up_is_held_and_nothing_is_started(capsys, tmp_path):
+    """SIGUSR1 while the batch shell runs cluster.setup (before srun, milliseconds after the job
+    starts): the shell does not die of it (the job would end FAILED); it starts no training, and
+    requeues as after any time-limit warning. The script's own status is its last line."""
+    setup = f"touch {tmp_path}/started; sleep 2"
+    rc, out, scontrol = run_script(
+        capsys,
+        tmp_path,
+        f"cluster.setup=['{setup}']",
+        f"trainer.output_dir={tmp_path / 'run'}",
+        signal_it=True,
+    )
+    assert "got SIGUSR1 while the training processes start; holding it" in out
+    assert "SIGUSR1 came before the training processes started; not starting them" in out
+    assert "srun args" not in out  # nothing was started
+    assert "no checkpoint yet (a restart begins at step 0); requeueing job 42" in out
+    assert "requeue 42" in scontrol and rc == 0
+    assert out.splitlines()[-1] == "nemo-azr-launch: job 42 exits with status 0"
+    assert not list((tmp_path / "run").glob(".ready-*"))
+
+
+def test_a_scancel_during_set_up_ends_the_job(capsys, tmp_path):
+    """SIGTERM (scancel) during set-up: nothing started, the job ends with 75 and is not requeued."""
+    setup = f"touch {tmp_path}/started; sleep 2"
+    env = {"FAKE_JOB_RECORD": RECORD + "Requeue=1 Restarts=0 BatchFlag=1"}
+    rc, out, scontrol = run_script(
+        capsys, tmp_path, f"cluster.setup=['{setup}']", signal_it=True, signum=signal.SIGTERM, env_extra=env
+    )
+    assert "srun args" not in out and "not requeueing" in out
+    assert "requeue 42" not in scontrol and rc == 75
+    assert out.splitlines()[-1] == "nemo-azr-launch: job 42 exits with status 75"
+
+
 def test_chain_link_ends_on_75_without_requeue(capsys, tmp_path):
     rc, out, scontrol = run_script(capsys, tmp_path, "--chain", "2", signal_it=True)
     assert "the next chain link resumes" in out and rc == 0

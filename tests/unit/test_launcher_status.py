@@ -30,13 +30,16 @@ def test_a_cancelled_job_from_the_jobcomp_file_shows_the_status_its_script_print
         tmp_path,
         "7",
         "nemo-azr-launch: job 7 restart 0 on vm\n"
-        "nemo-azr-launch: training exited with status 75\n"  # a first run, requeued
+        "nemo-azr-launch: training exited with status 75\n"
+        "nemo-azr-launch: newest checkpoint /o/step_4; requeueing job 7\n"
+        "nemo-azr-launch: job 7 exits with status 0\n"  # a first run, requeued
         "nemo-azr-launch: job 7 restart 1 on vm\n"
         "nemo-azr-launch: got SIGTERM, forwarding it to the training processes\n"
         "nemo-azr-launch: training exited with status 75\n"
-        "nemo-azr-launch: SIGTERM reached job 7 (scancel ...); not requeueing\n",
+        "nemo-azr-launch: SIGTERM reached job 7 (scancel ...); not requeueing\n"
+        "nemo-azr-launch: job 7 exits with status 75\n",
     )
-    _submission(tmp_path, "8", "nemo-azr-launch: job 8 restart 0 on vm\n")  # killed before training ended
+    _submission(tmp_path, "8", "nemo-azr-launch: job 8 restart 0 on vm\n")  # killed before it ended
     states = [
         slurm.JobState("7", "train", "CANCELLED", "0:0", "jobcomp"),
         slurm.JobState("8", "train", "CANCELLED", "0:0", "jobcomp"),
@@ -50,11 +53,11 @@ def test_a_cancelled_job_from_the_jobcomp_file_shows_the_status_its_script_print
     assert rows["10"][3:] == ["75:0", "scontrol"]
 
 
-def test_training_exit_status_reads_the_last_run_of_a_requeued_job(tmp_path):
+def test_job_exit_status_reads_the_last_run_of_a_requeued_job(tmp_path):
     folder = _submission(
         tmp_path,
         "5",
-        "nemo-azr-launch: training exited with status 75\nnemo-azr-launch: training exited with status 0\n",
+        "nemo-azr-launch: job 5 exits with status 0\nnemo-azr-launch: job 5 exits with status 75\n",
     )
-    assert records.training_exit_status(folder, "5") == 0
-    assert records.training_exit_status(folder, "6") is None  # no output file
+    assert records.job_exit_status(folder, "5") == 75
+    assert records.job_exit_status(folder, "6") is None  # no output file
