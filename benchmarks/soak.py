@@ -98,13 +98,11 @@ def _env() -> dict:
 class Launch:
     """One ``python -m nemo_azr train`` in its own process group, stdout/stderr to files."""
 
-    def __init__(self, out: Path, args, index: int | str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, out: Path, args, index: int, extra: tuple[str, ...] = (), kind: str = "launch"
+    ) -> None:
         self.out = out
-        self.log = (
-            out.parent / f"{out.name}.launch{index:03d}.log"
-            if isinstance(index, int)
-            else out.parent / f"{out.name}.{index}.log"
-        )
+        self.log = out.parent / f"{out.name}.{kind}{index:03d}.log"
         self.fh = open(self.log, "w")  # noqa: SIM115 - closed in wait()
         self.t0 = time.monotonic()
         self.proc = subprocess.Popen(
@@ -152,11 +150,8 @@ def lock_holder_pid(out: Path) -> int | None:
 
 def folder_state(out: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``out``: (size, mtime in ns)."""
-    return {
-        str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns)
-        for p in out.rglob("*")
-        if p.is_file()
-    }
+    stats = {str(p.relative_to(out)): p.stat() for p in out.rglob("*") if p.is_file()}
+    return {name: (st.st_size, st.st_mtime_ns) for name, st in stats.items()}
 
 
 def second_writer(first: Launch, out: Path, args, index: int) -> dict:
@@ -170,7 +165,7 @@ def second_writer(first: Launch, out: Path, args, index: int) -> dict:
     paused_at = time.monotonic()
     try:
         before = folder_state(out)
-        second = Launch(out, args, f"second{index:03d}", ("seed=1",))
+        second = Launch(out, args, index, ("seed=1",), kind="second")
         rc = second.wait()
         text = second.text()
         after = folder_state(out)
