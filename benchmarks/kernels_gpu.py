@@ -6,8 +6,9 @@
 Vocabularies: SmolLM2 (49152, hidden 576), Llama-3 (128256, hidden 2048), Qwen2 (151936, hidden 896);
 bfloat16 inputs. Three parts:
 
-* ``tune``: the Triton stats kernel (forward log-probs from given logits) over column tiles x warps;
-  the fastest pair per vocabulary is what ``kernel_backend=triton`` should launch.
+* ``tune``: the Triton stats kernel (forward log-probs from given logits) and the d-logits kernel over
+  column tiles x warps, and torch's ``amax`` over the logits (one read: what a plain one-pass kernel
+  reaches on this GPU); the fastest pair per vocabulary runs again as ``triton_tuned`` in the next part.
 * ``logprobs``: ``log p(target)`` from given logits ``[N, V]``: forward only (the old-/reference-
   log-prob passes) and forward + backward (a loss on them). Time (median of CUDA-event timings),
   extra peak memory over the inputs, and the fraction of the HBM roofline: the least traffic any
@@ -23,6 +24,7 @@ Liger (liger-kernel, the peer) is used where it imports; its per-token cross ent
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -90,30 +92,102 @@ def _liger():
     return liger_cross_entropy, liger_fused_linear_cross_entropy
 
 
-def tune(rows: int, reps: int) -> dict:
+#: The stats kernel's launch knobs the tune part sweeps (module globals of triton_logprobs).
+STATS_KNOBS = ("GPU_BLOCK_V", "GPU_NUM_WARPS")
+DLOGITS_KNOBS = ("GPU_DLOGITS_BLOCK_V", "GPU_DLOGITS_NUM_WARPS")
+
+
+def _set_knobs(names: tuple, values: tuple) -> None:
     from nemo_azr.kernels import triton_logprobs as tk
 
+    for name, value in zip(names, values, strict=True):
+        setattr(tk, name, value)
+
+
+def _knobs(names: tuple) -> tuple:
+    from nemo_azr.kernels import triton_logprobs as tk
+
+    return tuple(getattr(tk, name) for name in names)
+
+
+def _label(values: tuple) -> str:
+    return "x".join(str(int(v)) for v in values)
+
+
+def _knobs_of(label: str) -> tuple:
+    return tuple(int(x) for x in label.split("x"))
+
+
+def tune(rows: int, reps: int, bw: float) -> dict:
+    """Sweep the stats kernel and the d-logits kernel over column tiles x warps.
+
+    Also times ``x.amax(-1)`` (one read of the logits by torch's reduction kernel): the bandwidth a
+    one-pass read reaches on this GPU, next to the roofline's data-sheet peak.
+    """
     out = {}
-    default = (tk.GPU_BLOCK_V, tk.GPU_NUM_WARPS)
+    stats_default, dlogits_default = _knobs(STATS_KNOBS), _knobs(DLOGITS_KNOBS)
     for name, (vocab, _h) in VOCABS.items():
         logits = torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16)
         tgt = torch.randint(0, vocab, (rows,), device="cuda")
+        nbytes = logits.numel() * logits.element_size()
+        with torch.no_grad():
+            amax_s, _ = _time(lambda x: x.amax(-1), reps, logits)
         timings = {}
         for block in (2048, 4096, 8192, 16384):
             for warps in (4, 8, 16):
-                tk.GPU_BLOCK_V, tk.GPU_NUM_WARPS = block, warps
+                _set_knobs(STATS_KNOBS, (block, warps))
                 with torch.no_grad():
                     seconds, _ = _time(_triton_logprobs, reps, logits, tgt)
-                timings[f"{block}x{warps}"] = round(seconds * 1e3, 4)
+                timings[_label((block, warps))] = round(seconds * 1e3, 4)
         best = min(timings, key=timings.get)
-        out[name] = {"ms": timings, "best": best, "default": f"{default[0]}x{default[1]}"}
-        print("tune", name, best, timings[best], "default", timings.get(out[name]["default"]), flush=True)
-        del logits
-    tk.GPU_BLOCK_V, tk.GPU_NUM_WARPS = default
+        _set_knobs(STATS_KNOBS, _knobs_of(best))
+        leaf = logits.clone().requires_grad_(True)
+        dtimings = {}
+        for block in (1024, 2048, 4096, 8192):
+            for warps in (4, 8):
+                _set_knobs(DLOGITS_KNOBS, (block, warps))
+                seconds, _ = _time(_train_step, reps, _triton_logprobs, (leaf, tgt), (leaf,))
+                dtimings[_label((block, warps))] = round(seconds * 1e3, 4)
+        dbest = min(dtimings, key=dtimings.get)
+        _set_knobs(STATS_KNOBS, stats_default)
+        _set_knobs(DLOGITS_KNOBS, dlogits_default)
+        out[name] = {
+            "ms": timings,
+            "best": best,
+            "best_roofline_pct": round(100 * nbytes / bw / (timings[best] / 1e3), 1),
+            "default": _label(stats_default),
+            "amax_ms": round(amax_s * 1e3, 4),
+            "amax_roofline_pct": round(100 * nbytes / bw / amax_s, 1),
+            "dlogits_fwd_bwd_ms": dtimings,
+            "dlogits_best": dbest,
+            "dlogits_default": _label(dlogits_default),
+        }
+        print(
+            "tune",
+            name,
+            {k: v for k, v in out[name].items() if k not in ("ms", "dlogits_fwd_bwd_ms")},
+            flush=True,
+        )
+        del logits, leaf
+        torch.cuda.empty_cache()
     return out
 
 
-def logprobs(rows: int, reps: int, bw: float) -> dict:
+@contextlib.contextmanager
+def _tuned_knobs(tuned: dict):
+    """The stats and d-logits knobs the tune part found fastest for one vocabulary, for a block of
+    work that includes the backward (which launches the d-logits kernel after the forward returned)."""
+    saved = _knobs(STATS_KNOBS), _knobs(DLOGITS_KNOBS)
+    _set_knobs(STATS_KNOBS, _knobs_of(tuned["best"]))
+    _set_knobs(DLOGITS_KNOBS, _knobs_of(tuned["dlogits_best"]))
+    try:
+        yield
+    finally:
+        _set_knobs(STATS_KNOBS, saved[0])
+        _set_knobs(DLOGITS_KNOBS, saved[1])
+
+
+def logprobs(rows: int, reps: int, bw: float, tuned: dict | None = None) -> dict:
     liger_ce, _ = _liger()
     out = {}
     for name, (vocab, _h) in VOCABS.items():
@@ -125,16 +199,20 @@ def logprobs(rows: int, reps: int, bw: float) -> dict:
             "torch": lambda x, t: token_logprobs(x, t, backend="torch"),
             "triton": lambda x, t: token_logprobs(x, t, backend="triton"),
         }
+        if tuned and name in tuned:
+            impls["triton_tuned"] = _triton_logprobs  # measured under _tuned_knobs below
         if liger_ce is not None:
             impls["liger"] = lambda x, t: -liger_ce(x, t, reduction="none")
         res = {}
         for impl, fn in impls.items():
+            knobs = _tuned_knobs(tuned[name]) if impl == "triton_tuned" else contextlib.nullcontext()
             try:
-                with torch.no_grad():
-                    fwd, fwd_mem = _time(fn, reps, base, tgt)
-                leaf = base.clone().requires_grad_(True)
-                both, both_mem = _time(_train_step, reps, fn, (leaf, tgt), (leaf,))
-                del leaf
+                with knobs:
+                    with torch.no_grad():
+                        fwd, fwd_mem = _time(fn, reps, base, tgt)
+                    leaf = base.clone().requires_grad_(True)
+                    both, both_mem = _time(_train_step, reps, fn, (leaf, tgt), (leaf,))
+                    del leaf
                 res[impl] = {
                     "fwd_ms": round(fwd * 1e3, 3),
                     "fwd_extra_gib": round(fwd_mem, 3),
@@ -247,12 +325,22 @@ def _markdown(result: dict) -> str:
             ["fwd_bwd_ms", "extra_gib", "useful_tflops", "pct_of_bf16_peak"],
         )
     if "tune" in result:
-        lines += ["## Triton stats kernel: column tile x warps (forward ms)", ""]
+        lines += [
+            "## Triton kernels: launch sweep",
+            "",
+            "Stats kernel (forward ms), labels tile x warps; d-logits "
+            "kernel (forward + backward ms), labels tile x warps. `amax`: torch reading the logits "
+            "once (what a one-pass read reaches here).",
+            "",
+        ]
         for name, r in result["tune"].items():
             cells = ", ".join(f"{k} {v}" for k, v in r["ms"].items())
+            dcells = ", ".join(f"{k} {v}" for k, v in r["dlogits_fwd_bwd_ms"].items())
             lines.append(
-                f"- {name}: best {r['best']} ({r['ms'][r['best']]} ms), default {r['default']} "
-                f"({r['ms'].get(r['default'])} ms). All: {cells}"
+                f"- {name}: stats best {r['best']} ({r['ms'][r['best']]} ms, {r['best_roofline_pct']}% "
+                f"of the roofline), default {r['default']} ({r['ms'].get(r['default'])} ms); amax "
+                f"{r['amax_ms']} ms ({r['amax_roofline_pct']}%); d-logits best {r['dlogits_best']}, "
+                f"default {r['dlogits_default']}. Stats: {cells}. D-logits: {dcells}"
             )
         lines.append("")
     return "\n".join(lines)
@@ -290,9 +378,9 @@ def main() -> None:
         "command": "python benchmarks/kernels_gpu.py " + " ".join(sys.argv[1:]),
     }
     if "tune" in args.parts:
-        result["tune"] = tune(args.rows, args.reps)
+        result["tune"] = tune(args.rows, args.reps, bw)
     if "logprobs" in args.parts:
-        result["logprobs"] = logprobs(args.rows, args.reps, bw)
+        result["logprobs"] = logprobs(args.rows, args.reps, bw, result.get("tune"))
     if "linear" in args.parts:
         result["linear"] = linear(args.rows, args.reps, flops)
     RESULTS.mkdir(exist_ok=True)

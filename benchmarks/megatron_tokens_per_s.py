@@ -103,6 +103,30 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def _profile_logprobs(backend: str, policy, batch) -> None:
+    """One log-prob forward profiled: top CUDA kernels, and the host's top ops by self CPU time (a
+    host sync shows as cudaStreamSynchronize / cudaMemcpyAsync time; launch-bound work as CPU time
+    well above the kernels' CUDA time)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        policy.compute_logprobs(batch)
+        sync()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    # kernel rows only: an op's row repeats the time of the kernels it launched
+    kernels = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e6
+    print(
+        f"profile: {backend} log-prob forward, wall {wall:.3f} s (profiled), kernels {kernels:.3f} s",
+        flush=True,
+    )
+    for key in ("self_cuda_time_total", "self_cpu_time_total"):
+        print(events.table(sort_by=key, row_limit=25, max_name_column_width=70), flush=True)
+
+
 def measure(backend: str, model_dir: Path, batch, args) -> dict:
     from nemo_azr.contracts import fields as F
     from nemo_azr.contracts.update import UpdateContext
@@ -130,6 +154,8 @@ def measure(backend: str, model_dir: Path, batch, args) -> dict:
         if i >= args.warmup:
             step_s.append(mid - start)
             logprob_s.append(time.perf_counter() - mid)
+    if args.profile and torch.cuda.is_available():
+        _profile_logprobs(backend, policy, batch)
     trained = float(batch[F.LOSS_MASK].sum())
     real = float(batch[F.ATTENTION_MASK].sum())
     step, lp = statistics.median(step_s), statistics.median(logprob_s)
@@ -158,6 +184,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--model-dir", default="/tmp/qwen2_05b_random")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--profile", action="store_true", help="print each backend's top log-prob kernels")
     args = parser.parse_args()
     shape = QWEN2_05B
     if args.tiny:

@@ -131,6 +131,12 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         f"generation.decode={cfg.generation.decode} is the hf backend's decode loop; generation.backend="
         f"{cfg.generation.backend} decodes its own way (leave generation.decode=auto)",
     )
+    one_of("generation.decode_attention", cfg.generation.decode_attention, ("auto", "model", "grouped"))
+    require(
+        cfg.generation.decode_attention == "auto" or cfg.generation.backend == "hf",
+        f"generation.decode_attention={cfg.generation.decode_attention} is the hf backend's static decode "
+        f"step; generation.backend={cfg.generation.backend} decodes its own way",
+    )
     one_of("data.curriculum", cfg.data.curriculum, ("none", "feedback"))
     require(
         cfg.data.curriculum_floor > 0 and 0 <= cfg.data.curriculum_decay < 1,

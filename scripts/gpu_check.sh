@@ -12,8 +12,11 @@
 # static cache + CUDA graphs, benchmarks/decode.py), kernels (log-prob kernels vs torch and Liger,
 # benchmarks/kernels_gpu.py; carry liger-kernel's wheel in .gpu_wheels), update (the update on a
 # long-tailed batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list,
-# GPU_E2E_NAME its results name), shared_prefix, tests (GPU_TESTS overrides the test list), trtllm,
-# megatron. All of them take longer than one device call (10 min): split them over calls.
+# GPU_E2E_NAME its results name, GPU_E2E_EXTRA adds overrides), shared_prefix, tests (GPU_TESTS
+# overrides the test list), trtllm, megatron. GPU_DECODE_ARGS / GPU_BENCH_ARGS add arguments to benchmarks/decode.py (e.g. --cases
+# static_graphs static_graphs_grouped --profile) / megatron_tokens_per_s.py (e.g. --profile). All of
+# them take longer than one device call (10 min): split them over calls; calls in a row on one machine
+# install the wheels and write the random-weight model once.
 #   device tool: run(command="GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
 #   the async target alone: run(command="GPU_CHECK_PARTS=e2e GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", ...)
 set -uo pipefail
@@ -35,9 +38,9 @@ cat "$OUT/env.txt"
 # The image's python3 is itself a venv holding torch + transformers: the carried wheels go into a folder
 # on PYTHONPATH beside it (a venv over it would not see its packages), and the repo runs from source.
 site=/tmp/nemo_azr_site
-if [ -d .gpu_wheels ]; then
+if [ -d .gpu_wheels ] && [ ! -f "$site/.installed" ]; then  # once per machine: calls in a row reuse it
   python3 -m pip install --quiet --no-index --no-deps --no-compile --target "$site" .gpu_wheels/*.whl \
-    >> "$OUT/install.log" 2>&1 || { echo "wheel install failed (see install.log)"; status=1; }
+    >> "$OUT/install.log" 2>&1 && touch "$site/.installed" || { echo "wheel install failed (see install.log)"; status=1; }
 fi
 export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 
@@ -47,7 +50,7 @@ export PYTHONPATH="$PWD:$site${PYTHONPATH:+:$PYTHONPATH}"
 # padded and packed; the shared-prefix forward.
 if [ -d .gpu_model ]; then
   model=/tmp/nemo_azr_gpu_model
-  python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
+  [ -f "$model/config.json" ] || python3 benchmarks/random_weights.py .gpu_model "$model" > "$OUT/throughput.log" 2>&1 || status=1
   # Rollout decode at 512 responses x 128 tokens: results/decode_gpu.md
   part decode && { timeout "${GPU_DECODE_TIMEOUT:-240}" python3 benchmarks/decode.py --model "$model" \
     --device cuda --prompts 64 --n 8 --new-tokens 128 ${GPU_DECODE_ARGS:-} > "$OUT/decode.log" 2>&1 || status=1; \
@@ -60,10 +63,11 @@ if [ -d .gpu_model ]; then
   # hide the small update): results/throughput_gpu_large.md
   e2e_cases=${GPU_E2E_CASES:-padded_sync padded_async packed_sync packed_async padded_async_process packed_async_process}
   # shellcheck disable=SC2086  # the case list is meant to split into words
+  # shellcheck disable=SC2086  # GPU_E2E_EXTRA: more overrides, split into words
   part e2e && { timeout "${GPU_E2E_TIMEOUT:-480}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
     --e2e-budget 8192 --results-name "${GPU_E2E_NAME:-throughput_gpu_large}" --e2e-cases $e2e_cases \
     --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 \
-    model.kernel_backend=torch data.prompts_per_step=64 generation.n_samples=8 \
+    model.kernel_backend=torch data.prompts_per_step=64 generation.n_samples=8 ${GPU_E2E_EXTRA:-} \
     --output-root /tmp/nemo_azr_throughput >> "$OUT/throughput.log" 2>&1 || status=1; }
   # Shared-prefix forward (RLCR confidence rows' layout): results/shared_prefix_gpu.md
   part shared_prefix && { timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/shared_prefix.py \
@@ -106,8 +110,9 @@ else
   echo "tensorrt_llm not importable: trtllm contract suite not run (see trtllm_tests.log)"
 fi
 
+# shellcheck disable=SC2086  # GPU_BENCH_ARGS (e.g. --profile) split into words
 if part megatron; then
-  timeout "${GPU_BENCH_TIMEOUT:-300}" python3 benchmarks/megatron_tokens_per_s.py --out "$OUT" > "$OUT/benchmark.log" 2>&1 || status=1
+  timeout "${GPU_BENCH_TIMEOUT:-300}" python3 benchmarks/megatron_tokens_per_s.py --out "$OUT" ${GPU_BENCH_ARGS:-} > "$OUT/benchmark.log" 2>&1 || status=1
   tail -n 15 "$OUT/benchmark.log"
 fi
 # GPU_CHECK_PACK=1: everything in $OUT as one archive (the device tool returns at most 8 files)

@@ -114,6 +114,9 @@ class GenerationConfig:
     # hf backend's decode loop: static (pre-allocated KV cache; each token's step a replayed CUDA graph
     # on CUDA), dynamic (the cache grows per token), auto (static on CUDA, dynamic on CPU)
     decode: str = "auto"
+    # attention of the static path's one-token step: model (the model's own sdpa/eager), grouped (each
+    # KV head read once for its query heads, in the cache's dtype; static_decode.py), auto (grouped on CUDA)
+    decode_attention: str = "auto"
     dtype: str = (
         ""  # hf backend: dtype of its weight copy ("" = model.dtype); bfloat16 decodes ~2x faster on AMX CPUs
     )

@@ -5,7 +5,7 @@ vocabulary size is processed with registers for one tile only:
 
 * ``_stats_kernel`` keeps the running max ``m``, ``s = sum exp(u - m)`` and
   ``w = sum exp(u - m) (u - m)`` (entropy), rescaling them by ``exp(m_old - m_new)`` whenever a tile
-  raises the max, and picks the target logit ``u[t]`` on the tile that holds it. Outputs are the
+  raises the max, and reads the target logit ``u[t]`` once after the row. Outputs are the
   per-row partials of :class:`nemo_azr.kernels.row_ops.RowPartials`; :func:`row_ops.combine` turns
   them into ``lse``, ``logp`` and ``H`` (and all-reduces them across vocab shards).
 * ``_dlogits_kernel`` re-reads the row and writes ``d logits`` directly:
@@ -36,7 +36,11 @@ __all__ = ["TritonRowOps", "interpret_enabled"]
 #: (2-10% ahead of 4096 x 8; benchmarks/results/kernels_gpu.md).
 GPU_BLOCK_V = 2048
 GPU_NUM_WARPS = 4
-#: The d-logits kernel's (reads the row, writes the gradient): not swept yet, the earlier 4096 x 8.
+#: A second H200 sweep (benchmarks/results/kernels_gpu_lanes.md) found no setting ahead at every
+#: vocabulary by more than the run-to-run spread, nor for several programs per row, a register
+#: prefetch of the next tile, or per-lane sums (decision 159).
+#: The d-logits kernel's (reads the row, writes the gradient): 4096 x 8, within 5% of the fastest of
+#: tiles 1024-8192 x 4/8 warps at each vocabulary (same sweep).
 GPU_DLOGITS_BLOCK_V = 4096
 GPU_DLOGITS_NUM_WARPS = 8
 #: Column tile in the interpreter: every tile is one numpy call per op, so bigger is faster.
@@ -63,7 +67,6 @@ def _stats_kernel(
     m = tl.full((), float("-inf"), ACC)
     s = tl.full((), 0.0, ACC)
     w = tl.full((), 0.0, ACC)
-    tgt = tl.full((), 0.0, ACC)
     for start in range(0, n_cols, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         valid = offs < n_cols
@@ -80,7 +83,10 @@ def _stats_kernel(
             w = alpha * (w + s * shift) + tl.sum(e * d, 0)
         s = s * alpha + tl.sum(e, 0)
         m = m_new
-        tgt += tl.sum(tl.where(offs == t, u, 0.0), 0)
+    # the target's logit read once (not a compare-and-sum over every tile); 0 when t is not a column
+    # of this shard (-1: an ignored row)
+    has_t = (t >= 0) & (t < n_cols)
+    tgt = tl.where(has_t, tl.load(z_ptr + t, mask=has_t, other=0.0).to(ACC) * inv_temp, 0.0)
     tl.store(M + row, m)
     tl.store(S + row, s)
     tl.store(W + row, w)

@@ -74,7 +74,7 @@ class HFGenerationBackend(GenerationEngineBase):
         dtype: torch.dtype | None = None,
         decode: str = "auto",
         cuda_graphs: bool = True,
-        grouped_attention: bool = False,
+        grouped_attention: bool | None = None,
     ) -> None:
         super().__init__()
         # Its own copy, optionally in another dtype (``generation.dtype``): bf16 decodes about twice as
@@ -100,6 +100,8 @@ class HFGenerationBackend(GenerationEngineBase):
             )
         self.decode = "dynamic" if why_not else decode
         self.cuda_graphs = cuda_graphs
+        # generation.decode_attention: None (auto) = grouped on CUDA, where it measured 2.6x the model's
+        # own attention inside the graph (results/decode_gpu.md); the model's own on the CPU
         self.grouped_attention = grouped_attention
         self._static: StaticDecoder | None = None
 
@@ -167,7 +169,9 @@ class HFGenerationBackend(GenerationEngineBase):
                 self._cache_kw,
                 _sample,
                 cuda_graphs=self.cuda_graphs,
-                grouped_attention=self.grouped_attention,
+                grouped_attention=(
+                    device.type == "cuda" if self.grouped_attention is None else self.grouped_attention
+                ),
             )
         return True
 
@@ -272,6 +276,9 @@ def backend_kwargs(gen_cfg) -> dict:
     kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
     if gen_cfg.backend == "hf":  # its decode loop (megatron decodes with megatron's own)
         kwargs["decode"] = gen_cfg.decode
+        kwargs["grouped_attention"] = {"auto": None, "model": False, "grouped": True}[
+            gen_cfg.decode_attention
+        ]
     if gen_cfg.dtype:
         kwargs["dtype"] = getattr(torch, gen_cfg.dtype)
     return kwargs

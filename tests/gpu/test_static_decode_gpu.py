@@ -23,12 +23,14 @@ def _flat(outputs):
     return [s for o in outputs for s in o.samples]
 
 
-def test_graph_replay_matches_the_dynamic_loop(tmp_path):
+@pytest.mark.parametrize("grouped", [False, True], ids=["model_attention", "grouped_attention"])
+def test_graph_replay_matches_the_dynamic_loop(tmp_path, grouped):
     path = ensure_tiny_model(TinyModelConfig(cache_dir=str(tmp_path)))
     tok = load_tokenizer(path)
     policy = HFPolicy(path, NemoAzrConfig(), trainable=True, device="cuda")
     dynamic = HFGenerationBackend(policy.model, tok, decode="dynamic")
-    static = HFGenerationBackend(policy.model, tok)  # auto: static with CUDA graphs on CUDA
+    # auto: static with CUDA graphs on CUDA
+    static = HFGenerationBackend(policy.model, tok, grouped_attention=grouped)
     requests = [
         GenerationRequest(encode_prompt(tok, [{"role": "user", "content": q}]))
         for q in ("What is 1 + 2?", "Hi", "What is 7 + 8?")

@@ -119,6 +119,27 @@ def test_token_logprobs_bf16_within_one_bf16_step(vocab):
     assert_within_one_bf16_step(xb.grad.cpu(), x64.grad)
 
 
+@pytest.mark.parametrize("tile", [512, 4096])
+def test_stats_kernel_over_many_tiles_matches_float64(monkeypatch, tile):
+    """Rows of many column tiles (the last one ragged), a run of -inf logits and targets in every part
+    of the row: the streamed statistics and the target logit (read once, after the row) are exact."""
+    from nemo_azr.kernels import triton_logprobs as tk
+
+    monkeypatch.setattr(tk, "INTERPRET_BLOCK_V", tile)
+    monkeypatch.setattr(tk, "GPU_BLOCK_V", tile)
+    logits, targets, _, _ = _rows(5, 5000, seed=tile)
+    logits[1, 3000:] = float("-inf")  # whole tiles of -inf after finite ones
+    targets[1], targets[2], targets[3] = 17, 4999, 2560  # first tile, last (ragged) tile, a tile start
+    targets[4] = IGNORE
+    x = logits.float().to(DEVICE)
+    lp, ent = token_logprobs(x, targets.to(DEVICE), 0.7, backend="triton", return_entropy=True)
+    ref_lp, _ = _reference(logits.clone(), targets, 0.7)
+    logp = torch.log_softmax(logits / 0.7, -1)
+    ref_ent = -(logp.exp() * logp.masked_fill(logp == float("-inf"), 0.0)).sum(-1)
+    ref_ent = ref_ent.masked_fill(targets == IGNORE, 0.0)
+    assert rel_err(lp.cpu(), ref_lp) < REL32 and rel_err(ent.cpu(), ref_ent) < REL32
+
+
 # ---------------------------------------------------------------------------------------------
 # fused LM head: linear_token_logprobs
 # ---------------------------------------------------------------------------------------------

@@ -147,3 +147,20 @@ def test_decode_is_refused_for_a_backend_that_decodes_its_own_way():
     megatron = load_config(["model=megatron", "generation.backend=megatron"]).generation
     assert "decode" not in backend_kwargs(megatron)  # megatron's backend takes no such argument
     assert backend_kwargs(load_config(["generation.decode=dynamic"]).generation)["decode"] == "dynamic"
+
+
+def test_decode_attention_key_reaches_the_hf_backend_and_is_checked():
+    from nemo_azr.preflight import load_config
+    from nemo_azr.rollout.hf_backend import backend_kwargs
+
+    grouped = load_config(["generation.decode_attention=grouped"]).generation
+    assert backend_kwargs(grouped)["grouped_attention"] is True
+    assert (
+        backend_kwargs(load_config(["generation.decode_attention=model"]).generation)["grouped_attention"]
+        is False
+    )
+    assert backend_kwargs(load_config([]).generation)["grouped_attention"] is None  # auto: grouped on CUDA
+    with pytest.raises(ConfigError, match="generation.decode_attention"):
+        load_config(["generation.decode_attention=flash"])
+    with pytest.raises(ConfigError, match="decode_attention=grouped is the hf backend's"):
+        load_config(["model=megatron", "generation.backend=megatron", "generation.decode_attention=grouped"])
