@@ -31,16 +31,16 @@ from nemo_azr.kernels.triton_env import interpret_enabled
 
 __all__ = ["TritonRowOps", "interpret_enabled"]
 
-#: Column tile and warps of the stats kernel on the GPU (one row per program). Swept on an H200 over
-#: tiles 2048-16384 x 4/8/16 warps at vocabularies 49k/128k/152k: 2048 x 4 was fastest at all three
-#: (2-10% ahead of 4096 x 8; benchmarks/results/kernels_gpu.md).
-GPU_BLOCK_V = 2048
+#: Column tile and warps of the stats kernel on the GPU (one row per program). Two H200 sweeps of this
+#: kernel at vocabularies 49k/128k/152k, tiles 2048-8192 x 4/8 warps in both (16384 and 16 warps in
+#: the second: slower; benchmarks/results/kernels_gpu_lanes.md, kernels_gpu_final.md): 8192 x 4 had
+#: the lowest mean time, level with 2048 x 4 at 49k and 4-6% ahead at 128k/152k, about the size of
+#: the run-to-run spread.
+#: Several programs per row, a register prefetch and per-lane sums gained nothing (decision 159).
+GPU_BLOCK_V = 8192
 GPU_NUM_WARPS = 4
-#: A second H200 sweep (benchmarks/results/kernels_gpu_lanes.md) found no setting ahead at every
-#: vocabulary by more than the run-to-run spread, nor for several programs per row, a register
-#: prefetch of the next tile, or per-lane sums (decision 159).
-#: The d-logits kernel's (reads the row, writes the gradient): 4096 x 8, within 5% of the fastest of
-#: tiles 1024-8192 x 4/8 warps at each vocabulary (same sweep).
+#: The d-logits kernel's (reads the row, writes the gradient): 4096 x 8, within 2-11% of the fastest
+#: of tiles 1024-8192 x 4/8 warps at each vocabulary in both sweeps (no tile fastest in both).
 GPU_DLOGITS_BLOCK_V = 4096
 GPU_DLOGITS_NUM_WARPS = 8
 #: Column tile in the interpreter: every tile is one numpy call per op, so bigger is faster.
