@@ -184,7 +184,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--model-dir", default="/tmp/qwen2_05b_random")
     parser.add_argument("--out", default=str(RESULTS))
-    parser.add_argument("--profile", action="store_true", help="print each backend's top log-prob kernels")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one log-prob forward per backend: top kernels and host ops",
+    )
     args = parser.parse_args()
     shape = QWEN2_05B
     if args.tiny:

@@ -13,10 +13,11 @@
 # benchmarks/kernels_gpu.py; carry liger-kernel's wheel in .gpu_wheels), update (the update on a
 # long-tailed batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list,
 # GPU_E2E_NAME its results name, GPU_E2E_EXTRA adds overrides), shared_prefix, tests (GPU_TESTS
-# overrides the test list), trtllm, megatron. GPU_DECODE_ARGS / GPU_BENCH_ARGS add arguments to benchmarks/decode.py (e.g. --cases
-# static_graphs static_graphs_grouped --profile) / megatron_tokens_per_s.py (e.g. --profile). All of
-# them take longer than one device call (10 min): split them over calls; calls in a row on one machine
-# install the wheels and write the random-weight model once.
+# overrides the test list), trtllm, megatron. GPU_DECODE_ARGS / GPU_BENCH_ARGS add arguments to
+# benchmarks/decode.py (e.g. --cases static_graphs static_graphs_grouped --profile) /
+# megatron_tokens_per_s.py (e.g. --profile). All of them take longer than one device call (10 min):
+# split them over calls; calls in a row on one machine install the wheels and write the random-weight
+# model once.
 #   device tool: run(command="GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])
 #   the async target alone: run(command="GPU_CHECK_PARTS=e2e GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", ...)
 set -uo pipefail
@@ -62,8 +63,7 @@ if [ -d .gpu_model ]; then
   # End to end at 512 responses per step (with 64, generation is 92% of the step and async can only
   # hide the small update): results/throughput_gpu_large.md
   e2e_cases=${GPU_E2E_CASES:-padded_sync padded_async packed_sync packed_async padded_async_process packed_async_process}
-  # shellcheck disable=SC2086  # the case list is meant to split into words
-  # shellcheck disable=SC2086  # GPU_E2E_EXTRA: more overrides, split into words
+  # shellcheck disable=SC2086  # the case list and GPU_E2E_EXTRA's overrides are meant to split into words
   part e2e && { timeout "${GPU_E2E_TIMEOUT:-480}" python3 benchmarks/throughput.py --parts e2e --e2e-steps 5 \
     --e2e-budget 8192 --results-name "${GPU_E2E_NAME:-throughput_gpu_large}" --e2e-cases $e2e_cases \
     --e2e-overrides "model.path=$model" trainer.device=cuda generation.max_new_tokens=128 \

@@ -60,9 +60,9 @@ def gqa_decode_attention(
     copies every key/value head once per query head it serves (``repeat_kv``): at decode, with one
     query per row, those copies move several times the bytes the attention itself reads (on an H200,
     SmolLM2 shape, 512 rows: 31% of the eager step's GPU time in one copy kernel, 21% in cuDNN's
-    attention; this function made the graph-replayed step 2.6x faster, results/decode_gpu.md). Here the query heads
-    of one KV head are stacked as rows of one matmul against that head's keys (read once, in the
-    cache's dtype); scores and softmax are float32. ``query [B, H, q, d]``, ``key/value [B, Hkv, L,
+    attention; this function made the graph-replayed step 2.6x faster, results/decode_gpu.md). Here
+    the query heads of one KV head are stacked as rows of one matmul against that head's keys (read
+    once, in the cache's dtype); scores and softmax are float32. ``query [B, H, q, d]``, ``key/value [B, Hkv, L,
     d]``, ``attention_mask [B, 1, q, L]`` (bool: visible, or additive); returns ``[B, q, H, d]``.
     """
     del module, dropout, kwargs  # inference only

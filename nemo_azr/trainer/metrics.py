@@ -292,8 +292,8 @@ def _append_lines(path: Path, lines: list[str]) -> None:
 
 def truncate_jsonl(path: Path, step: int) -> None:
     """On resume from checkpoint ``step_<step>``, drop the records of the steps after it (they will be
-    logged again); a torn last line from a crash goes too. The file is replaced atomically (a crash leaves the old
-    one), and left untouched when nothing is dropped."""
+    logged again); a torn last line from a crash goes too. The file is replaced atomically (a crash
+    leaves the old one), and left untouched when nothing is dropped."""
     if not path.exists():
         return
 
