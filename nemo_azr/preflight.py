@@ -118,12 +118,12 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     )
     one_of("model.dtype", cfg.model.dtype, DTYPES)
     require(
-        cfg.model.autocast_dtype in ("", *DTYPES[1:]),
-        f"model.autocast_dtype={cfg.model.autocast_dtype!r} is not one of: '' (off), {', '.join(DTYPES[1:])}",
+        cfg.model.autocast_dtype in ("", "auto", *DTYPES[1:]),
+        f"model.autocast_dtype={cfg.model.autocast_dtype!r} is not one of: '' (off), auto, {', '.join(DTYPES[1:])}",
     )
     require(
-        cfg.generation.dtype in ("", *DTYPES),
-        f"generation.dtype={cfg.generation.dtype!r} is not one of: '' (model.dtype), {', '.join(DTYPES)}",
+        cfg.generation.dtype in ("", "auto", *DTYPES),
+        f"generation.dtype={cfg.generation.dtype!r} is not one of: '' (model.dtype), auto, {', '.join(DTYPES)}",
     )
     one_of("generation.decode", cfg.generation.decode, ("auto", "dynamic", "static"))
     require(

@@ -11,7 +11,13 @@ extras="${1:-test}"
 python_bin="${PYTHON:-python3}"
 torch_version="2.13.0"
 torch_index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
-pip_quiet=(--quiet --disable-pip-version-check)
+# --no-cache-dir: no second copy of every wheel in pip's cache (the venv alone is about 2.7 GB)
+pip_quiet=(--quiet --disable-pip-version-check --no-cache-dir)
+# The environment takes about 2.7 GB (torch 0.75, triton 1.0); say so before pip fails half-way.
+free_mb=$(df -Pm . | awk 'NR == 2 {print $4}')
+if [ -n "$free_mb" ] && [ "$free_mb" -lt 3500 ] && [ ! -x .venv/bin/python ]; then
+  echo "setup_env: only ${free_mb} MB free on $(df -P . | awk 'NR == 2 {print $6}'); .venv needs about 2,700 MB" >&2
+fi
 if [ ! -x .venv/bin/python ]; then
   "$python_bin" -m venv .venv
 fi

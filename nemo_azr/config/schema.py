@@ -495,6 +495,11 @@ class AbsoluteZeroConfig:
     # shared model and learning rate they set how fast each role moves (docs/selfplay.md, run 7)
     solver_advantage_scale: float = 1.0
     proposer_advantage_scale: float = 1.0
+    # two time scales (docs/selfplay.md, run 11): > 0 trains the solver's rows only on steps where the
+    # moving average of the first-pass learnable ratio is at least this (the proposer trains every
+    # step); 0 = the solver trains every step, as the seeds do
+    solver_gate_learnable_ratio: float = 0.0
+    solver_gate_decay: float = 0.7  # weight of the past in that moving average, in [0, 1)
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"

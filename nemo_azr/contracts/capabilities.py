@@ -59,6 +59,17 @@ class PerRoleAdvantages(Protocol):
 
 
 @runtime_checkable
+class StatefulWorkflow(Protocol):
+    """A workflow with state that must outlive a restart (self-play's solver gate): ``state_dict()``
+    is stored in the checkpoint's trainer_state.json (JSON values only) and handed back to
+    ``load_state_dict`` on resume."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
 class RowsPerPrompt(Protocol):
     """A workflow that trains on a number of rows per prompt other than ``generation.n_samples``
     (RLCR two-turn: answers plus confidences; self-play: solver rows plus proposer rows). The

@@ -17,6 +17,7 @@ from nemo_azr.models.training.shared_prefix import cache_keyword, distinct_rows
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.static_decode import DECODE_MODES, StaticDecoder, static_decode_unsupported
+from nemo_azr.utils.precision import resolve_low_precision
 
 
 def _sample(logits: torch.Tensor, sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
@@ -269,8 +270,9 @@ class HFGenerationBackend(GenerationEngineBase):
         return None
 
 
-def backend_kwargs(gen_cfg) -> dict:
-    """Constructor keyword arguments of a generation backend from ``cfg.generation``."""
+def backend_kwargs(gen_cfg, device: torch.device | str = "cpu") -> dict:
+    """Constructor keyword arguments of a generation backend from ``cfg.generation``; ``device`` is
+    where its weight copy lives (``generation.dtype=auto`` is bf16 where that device has it natively)."""
     if gen_cfg.backend == "trtllm":  # the engine's keys live under generation.trtllm
         return {"cfg": gen_cfg}
     kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
@@ -279,8 +281,9 @@ def backend_kwargs(gen_cfg) -> dict:
         kwargs["grouped_attention"] = {"auto": None, "model": False, "grouped": True}[
             gen_cfg.decode_attention
         ]
-    if gen_cfg.dtype:
-        kwargs["dtype"] = getattr(torch, gen_cfg.dtype)
+    dtype = resolve_low_precision(gen_cfg.dtype, device, "generation.dtype")
+    if dtype is not None:
+        kwargs["dtype"] = dtype
     return kwargs
 
 

@@ -52,6 +52,14 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         "proposer_advantage_scale",
     ):
         require(getattr(az, key) >= 0, f"absolute_zero.{key} must be >= 0, got {getattr(az, key)}")
+    require(
+        0 <= az.solver_gate_learnable_ratio <= 1,
+        f"absolute_zero.solver_gate_learnable_ratio must be in [0, 1] (0 = off), got {az.solver_gate_learnable_ratio}",
+    )
+    require(
+        0 <= az.solver_gate_decay < 1,
+        f"absolute_zero.solver_gate_decay must be in [0, 1), got {az.solver_gate_decay}",
+    )
     require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
     require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
     require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")

@@ -42,6 +42,7 @@ from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_bat
 from nemo_azr.selfplay.learnability import QuestionScores, filter_group
 from nemo_azr.selfplay.metrics import filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
+from nemo_azr.selfplay.solver_gate import SolverGate
 from nemo_azr.utils.seeding import step_seed
 
 FILTER_RNG_SALT = 6007  # the learnable-question sampling RNG of a step
@@ -72,6 +73,7 @@ class AbsoluteZeroWorkflow:
             "solver": self.az.solver_advantage_scale,
             "proposer": self.az.proposer_advantage_scale,
         }
+        self.solver_gate = SolverGate(self.az.solver_gate_learnable_ratio, self.az.solver_gate_decay)
         self._judge: LLMJudge | None = None
         self._judge_metrics: dict[str, float] = {}
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)
@@ -96,6 +98,7 @@ class AbsoluteZeroWorkflow:
             "unified_filter/initial_learnable_ratio": filter_metrics(groups)["unified_filter/learnable_ratio"]
         }
         metrics["unified_filter/initial_num_repropose"] = float(sum(g.result.flagged for g in groups))
+        train_solver = self.solver_gate.observe(metrics["unified_filter/initial_learnable_ratio"])
         num_trajectories = sum(g.proposal.trajectory is not None for g in groups)
         unparseable = sum(bool(g.proposal.error) for g in groups)
 
@@ -134,6 +137,11 @@ class AbsoluteZeroWorkflow:
         metrics.update(filter_metrics(final))
         metrics.update(harm_metrics(final))
         metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
+        if not train_solver:  # the gate holds the solver back: this step trains the proposer alone
+            batch = batch.index([i for i, role in enumerate(batch[F.ROLE]) if role != Role.SOLVER.value])
+        if self.solver_gate.enabled:
+            metrics["solver_gate/learnable_ratio_avg"] = float(self.solver_gate.average or 0.0)
+            metrics["solver_gate/solver_trained"] = float(train_solver)
         metrics.update(self._judge_metrics)
         metrics.update(
             {
@@ -157,6 +165,13 @@ class AbsoluteZeroWorkflow:
             for g in final
         }
         return batch
+
+    # --- state carried across steps (trainer_state.json: a resume goes on with the same gate) ----------
+    def state_dict(self) -> dict:
+        return {"solver_gate": self.solver_gate.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.solver_gate.load_state_dict(state.get("solver_gate", {}))
 
     # --- propose + solve + score -------------------------------------------------------------------
     def propose_and_solve(

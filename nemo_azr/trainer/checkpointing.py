@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from nemo_azr.config.loader import to_yaml
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts.capabilities import StatefulWorkflow
 from nemo_azr.contracts.policy import Critic, Policy
 from nemo_azr.errors import (
     CheckpointDamagedError,
@@ -52,6 +53,7 @@ class TrainerState:
     # A checkpoint taken part-way through the supervised warm-up: the warm-up steps done (its
     # optimizer state is in sft_warmup.pt). None: the warm-up is finished, or there is none.
     warmup_step: int | None = None
+    workflow: dict = field(default_factory=dict)  # a StatefulWorkflow's state_dict()
     resume_fallbacks: int = 0  # damaged checkpoints trainer.resume=auto skipped on the way to this state
 
 
@@ -78,6 +80,7 @@ class CheckpointingMixin:
     ref: Policy | None
     tokenizer: Any
     loader: Any
+    workflow: Any
     async_rollout: Any = None
     _loader_trained: dict | None = None  # with async rollout: the data position after the last trained batch
     _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
@@ -113,6 +116,8 @@ class CheckpointingMixin:
             # The data position of the next batch to train on (an asynchronous producer has drawn more).
             async_position = self._loader_trained if self.async_rollout is not None else None
             self.state.loader = async_position or self.loader.state_dict()
+            if isinstance(self.workflow, StatefulWorkflow):
+                self.state.workflow = self.workflow.state_dict()
             if self.async_rollout is not None:
                 in_flight = {
                     "rollouts": self.async_rollout.snapshot(),
@@ -160,6 +165,8 @@ class CheckpointingMixin:
         if self.state.step != checkpoint_step(folder):
             raise CheckpointError(f"{folder}: trainer_state.json says step {self.state.step}")
         self.loader.load_state_dict(self.state.loader)
+        if isinstance(self.workflow, StatefulWorkflow):
+            self.workflow.load_state_dict(self.state.workflow)
         read_checkpoint_file(folder, "rng.pt", lambda p: set_rng_state(torch.load(p, weights_only=False)))
         self._resumed_in_flight = None
         if (folder / ASYNC_IN_FLIGHT_FILE).is_file() and self.cfg.rollout.async_rollout:

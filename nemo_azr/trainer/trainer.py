@@ -552,7 +552,7 @@ class Trainer(CheckpointingMixin):
             source = self.policy
         else:
             source = self.policy.generation_model()
-        self.backend = backend_cls(source, self.tokenizer, **backend_kwargs(cfg.generation))
+        self.backend = backend_cls(source, self.tokenizer, **backend_kwargs(cfg.generation, self.device))
         self.backend.version = self.state.policy_version
 
     # --- preemption ------------------------------------------------------------------------------

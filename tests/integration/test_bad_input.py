@@ -34,7 +34,7 @@ from tests.cli_errors import cli_error
         (["data.eval_size=-1"], "data.eval_size must be >= 0"),
         (
             ["model.autocast_dtype=float32"],
-            "model.autocast_dtype='float32' is not one of: '' (off), bfloat16, float16",
+            "model.autocast_dtype='float32' is not one of: '' (off), auto, bfloat16, float16",
         ),
         (["generation.dtype=int8"], "generation.dtype='int8' is not one of"),
         (

@@ -123,6 +123,8 @@ def test_hostile_solver_code_is_contained_and_training_continues(tiny_cache, tmp
         ("absolute_zero.env=moon", "absolute_zero.env"),
         ("rollout.workflow=single_turn", "absolute_zero.enabled"),
         ("absolute_zero.learnability_completion_threshold=2", "learnability_completion_threshold"),
+        ("absolute_zero.solver_gate_decay=1", "solver_gate_decay"),
+        ("absolute_zero.solver_gate_learnable_ratio=1.5", "solver_gate_learnable_ratio"),
     ],
 )
 def test_bad_selfplay_config_is_one_line(override, needle, tiny_cache, tmp_path, capsys):
@@ -152,6 +154,7 @@ def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
                 "sft_warmup.steps=30",
                 "data.prompts_per_step=2",
                 "absolute_zero.max_repropose_attempts=1",
+                "absolute_zero.solver_gate_learnable_ratio=0.2",  # its average goes on after the resume
             ]
         )
 
@@ -164,6 +167,7 @@ def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
 
     Trainer(cfg(tmp_path / "full")).fit()
     assert Preempted(cfg(tmp_path / "split")).fit().status == "preempted"
+    saved = json.loads((tmp_path / "split" / "checkpoints" / f"step_{n}" / "trainer_state.json").read_text())
     assert Trainer(cfg(tmp_path / "split")).fit().step == 2 * n
 
     def comparable(path):
@@ -176,6 +180,9 @@ def test_selfplay_resume_reproduces_an_uninterrupted_run(tiny_cache, tmp_path):
     assert [r["step"] for r in split] == list(range(1, 2 * n + 1))
     assert full == split
     assert any(r["proposer/num_trajectories"] > 0 for r in full)
+    assert saved["workflow"]["solver_gate"]["average"] == pytest.approx(
+        full[n - 1]["solver_gate/learnable_ratio_avg"]
+    )
 
 
 @pytest.mark.parametrize("experiment", ["azr_sandbox", "azr_code"])

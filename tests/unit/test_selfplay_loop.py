@@ -313,3 +313,60 @@ def test_workflows_declare_their_capabilities_as_protocols(tokenizer):
     assert workflow.role_advantage_scales == {"solver": 1.0, "proposer": 1.0}
     plain = SingleTurnWorkflow(task=None, tokenizer=tokenizer)
     assert not isinstance(plain, PerRoleAdvantages) and not isinstance(plain, SupervisedWarmupPairs)
+
+
+def run_steps(tokenizer, plans, steps, workflow=None, **az):
+    """``steps`` workflow steps of one workflow (each seed's plan gives one proposal a step)."""
+    cfg = make_cfg(**az)
+    domain = ScriptedDomain(list(plans))
+    workflow = workflow or AbsoluteZeroWorkflow(SimpleNamespace(domain=domain), tokenizer, cfg)
+    backend = ScriptedBackend(tokenizer, plans)
+    sampling = SamplingParams(n=N, max_new_tokens=8)
+    return workflow, [workflow.run(domain.seed_tasks(), backend, sampling, step=s) for s in range(steps)]
+
+
+def test_solver_gate_drops_the_solver_rows_while_the_average_first_pass_ratio_is_low(tokenizer):
+    # first-pass ratios 3/4, 1/4, 3/4; averages with decay 0.5: 0.75, 0.5, 0.625; threshold 0.6.
+    # Only B's mixed group samples a question (an all-learnable group is flagged like a none one).
+    plans = {"A": [ALL_LEARNABLE, NONE_LEARNABLE, ALL_LEARNABLE], "B": [MIXED, MIXED, MIXED]}
+    gate = {"solver_gate_learnable_ratio": 0.6, "solver_gate_decay": 0.5, "max_repropose_attempts": 0}
+    _, batches = run_steps(tokenizer, plans, 3, **gate)
+    averages = [b.info["metrics"]["solver_gate/learnable_ratio_avg"] for b in batches]
+    assert averages == pytest.approx([0.75, 0.5, 0.625])
+    assert [b.info["metrics"]["solver_gate/solver_trained"] for b in batches] == [1.0, 0.0, 1.0]
+    solver_rows = [sum(r == "solver" for r in b[F.ROLE]) for b in batches]
+    assert solver_rows == [N, 0, N]  # step 2: B's sampled question is not trained
+    assert batches[1].info["metrics"]["joint/num_solver_rows"] == N  # ... but was there to train
+    for b in batches:  # the proposer trains every step, with its own rewards
+        assert sorted(p for p, r in zip(b[F.PROMPT_ID], b[F.ROLE]) if r == "proposer") == ["A", "B"]
+    assert batches[1].info["absolute_zero"]["proposer_rewards"] == {"A": -0.5, "B": 1.0}
+    assert len(batches[1]) == 2 and batches[1][F.REWARDS].shape[0] == 2
+
+
+def test_solver_gate_off_trains_the_solver_every_step(tokenizer):
+    plans = {"A": [MIXED, NONE_LEARNABLE], "B": [MIXED, MIXED]}
+    _, batches = run_steps(tokenizer, plans, 2, max_repropose_attempts=0)
+    assert [sum(r == "solver" for r in b[F.ROLE]) for b in batches] == [2 * N, N]
+    assert all("solver_gate/solver_trained" not in b.info["metrics"] for b in batches)
+
+
+def test_solver_gate_state_survives_a_restart(tokenizer):
+    """Two steps, state_dict, a fresh workflow, one step == three steps in one workflow."""
+    from nemo_azr.contracts.capabilities import StatefulWorkflow
+
+    plans = {"A": [ALL_LEARNABLE, ALL_LEARNABLE, NONE_LEARNABLE], "B": [MIXED, MIXED, MIXED]}
+    gate = {"solver_gate_learnable_ratio": 0.5, "solver_gate_decay": 0.8, "max_repropose_attempts": 0}
+    _, whole = run_steps(tokenizer, plans, 3, **gate)
+    first, _ = run_steps(tokenizer, {k: v[:2] for k, v in plans.items()}, 2, **gate)
+    assert isinstance(first, StatefulWorkflow)
+    state = first.state_dict()
+    fresh = AbsoluteZeroWorkflow(
+        SimpleNamespace(domain=ScriptedDomain(list(plans))), tokenizer, make_cfg(**gate)
+    )
+    fresh.load_state_dict(state)
+    _, (resumed,) = run_steps(tokenizer, {k: v[2:] for k, v in plans.items()}, 1, workflow=fresh, **gate)
+    # ratios 3/4, 3/4, 1/4: average 0.8 * 0.75 + 0.2 * 0.25 = 0.65 >= 0.5 (this step alone: 0.25)
+    for key in ("solver_gate/learnable_ratio_avg", "solver_gate/solver_trained"):
+        assert resumed.info["metrics"][key] == whole[2].info["metrics"][key]
+    assert resumed.info["metrics"]["solver_gate/learnable_ratio_avg"] == pytest.approx(0.65)
+    assert resumed.info["metrics"]["solver_gate/solver_trained"] == 1.0

@@ -43,6 +43,7 @@ from nemo_azr.models.training.critic_common import (
 from nemo_azr.models.training.optim import build_optimizer
 from nemo_azr.models.training.ppo_update import PPOUpdateMixin
 from nemo_azr.registry import CRITIC_BACKENDS
+from nemo_azr.utils.precision import resolve_low_precision
 
 #: A shared-trunk critic's head inside a checkpoint's ``critic/`` (the trunk is the policy's).
 SHARED_HEAD_FILE = "value_head.safetensors"
@@ -82,7 +83,9 @@ class HFCritic(ValueModelMixin, PPOUpdateMixin):
         if cfg.model.gradient_checkpointing:
             enable = getattr(self.model, "activation_checkpointing_enable", None)
             (enable or self.model.gradient_checkpointing_enable)()
-        self.autocast_dtype = getattr(torch, cfg.model.autocast_dtype) if cfg.model.autocast_dtype else None
+        self.autocast_dtype = resolve_low_precision(
+            cfg.model.autocast_dtype, self.device, "model.autocast_dtype"
+        )
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler = None
 

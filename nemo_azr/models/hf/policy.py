@@ -31,6 +31,7 @@ from nemo_azr.models.training.packing import packed_decoder_forward
 from nemo_azr.models.training.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
 from nemo_azr.models.training.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
 from nemo_azr.registry import POLICY_BACKENDS
+from nemo_azr.utils.precision import resolve_low_precision
 
 hf_logging.disable_progress_bar()
 
@@ -128,7 +129,9 @@ class HFPolicy(PPOUpdateMixin):
         self.chunk_size = cfg.model.logprob_chunk_size or auto_chunk_size(self.model.config.vocab_size)
         self.kernel_backend = cfg.model.kernel_backend
         self.fused_loss = cfg.model.fused_policy_loss
-        self.autocast_dtype = getattr(torch, cfg.model.autocast_dtype) if cfg.model.autocast_dtype else None
+        self.autocast_dtype = resolve_low_precision(
+            cfg.model.autocast_dtype, self.device, "model.autocast_dtype"
+        )
         if trainable:
             self.model.train()
             if cfg.model.gradient_checkpointing:
