@@ -85,6 +85,9 @@ class TrtllmConfig:
     probe_length: int = 8  # tokens the probe samples after its fixed prompt
     probe_prompt: str = "The quick brown fox jumps over the lazy dog."  # fixed probe prompt text
     checksum_rtol: float = 1e-3  # relative per-layer checksum tolerance when locating a bad layer
+    # the longest any engine RPC of a refit (sleep, wake, a bucket, the finalise) may take; past it the
+    # engine counts as failed and the run stops (docs/generation.md)
+    rpc_timeout_s: float = 600.0
     sleep: bool = True  # release engine GPU memory (weights + KV cache) during the update phase
     sleep_tags: list[str] = field(
         default_factory=lambda: [

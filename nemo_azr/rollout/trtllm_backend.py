@@ -15,6 +15,12 @@ Call sequence (TensorRT-LLM's RLHF worker extension, as its own examples and ver
   handles (``_collective_rpc("update_weights", ({device_uuid: base64(pickle([(name, handle), ...]))},))``),
   finalise with ``update_weights(None)``, wake the KV cache, then the refit guard.
 
+No hang, no half-applied refit: every collective RPC (sleep, wake, each bucket, the finalise) waits at
+most ``generation.trtllm.rpc_timeout_s``. A refit that fails or times out part-way leaves an engine
+that may hold some new and some old weights, so the backend marks itself failed: it generates nothing
+more (a :class:`RefitError` naming the step, the bucket and the engine's error), and the run stops with
+its last checkpoint intact; a resume starts a fresh engine.
+
 Refit guard: a fixed probe prompt is sampled (temperature 1, fixed seed) and the engine's log-probs of
 its tokens are compared with the trainer's own (``policy.compute_logprobs``). A gap beyond
 ``generation.trtllm.probe_tolerance`` raises :class:`RefitError` naming the first layer whose
@@ -34,6 +40,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -126,6 +133,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         self.dtype = _engine_dtype(self.cfg.dtype, model)
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
         self._asleep: set[str] = set()
+        self._failed: str | None = None  # why the engine can no longer be trusted (see _rpc)
         self.probe_ids = tokenizer(self.cfg.probe_prompt, add_special_tokens=False)["input_ids"]
         if not self.probe_ids:
             raise ConfigError("generation.trtllm.probe_prompt encodes to no tokens; give it some text")
@@ -165,7 +173,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
     def release(self) -> None:
         """Put the engine to sleep (weights and KV cache memory released) for the update phase."""
         if self.cfg.sleep and not self._asleep:
-            self.llm._collective_rpc("sleep", args=(list(self.cfg.sleep_tags),))
+            self._rpc("sleep", (list(self.cfg.sleep_tags),), during="releasing the engine's memory")
             self._asleep = set(self.cfg.sleep_tags)
 
     def flush_cache(self) -> None:
@@ -178,8 +186,49 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
     def _wake(self, tags: list[str]) -> None:
         tags = [t for t in tags if t in self._asleep]
         if tags:
-            self.llm._collective_rpc("wakeup", args=(tags,))
+            self._rpc("wakeup", (tags,), during=f"waking {', '.join(tags)}")
             self._asleep -= set(tags)
+
+    # --- the engine's RPCs: bounded in time, and fatal to the engine when they fail ---------------
+    def _rpc(self, method: str, args: tuple = (), *, during: str) -> list[Any]:
+        """``llm._collective_rpc(method, args)`` waiting at most ``rpc_timeout_s``. A timeout or an
+        error leaves the engine in an unknown state (weights half-loaded, memory half-released): the
+        backend is marked failed and refuses to generate. The call runs in a daemon thread because a
+        collective RPC has no timeout of its own, and a hung one must not keep the process alive."""
+        self._check_usable()
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["result"] = self.llm._collective_rpc(method, args=args)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=call, name=f"trtllm-rpc-{method}", daemon=True)
+        worker.start()
+        worker.join(self.cfg.rpc_timeout_s)
+        if worker.is_alive():
+            raise self._mark_failed(
+                f"{during}: the engine's workers did not answer {method} within "
+                f"generation.trtllm.rpc_timeout_s={self.cfg.rpc_timeout_s:g} s"
+            )
+        if "error" in box:
+            exc = box["error"]
+            raise self._mark_failed(
+                f"{during}: {method} failed in the engine ({type(exc).__name__}: {exc})"
+            ) from exc
+        return box["result"]
+
+    def _mark_failed(self, what: str) -> RefitError:
+        self._failed = (
+            f"trtllm engine: {what}; it may hold part of the new weights, so it generates nothing more "
+            "(the run stops with its last checkpoint intact; a resume starts a fresh engine)"
+        )
+        return RefitError(self._failed)
+
+    def _check_usable(self) -> None:
+        if self._failed is not None:
+            raise RefitError(self._failed)
 
     # --- refit ----------------------------------------------------------------------------------
     def _refit(self, source, *, version: int) -> None:
@@ -190,14 +239,20 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         bucket_bytes = self.cfg.refit_bucket_mb * 2**20
         buckets = sent = 0
         for bucket in tensor_buckets(items, bucket_bytes=bucket_bytes, dtype=self.dtype):
-            sent += self._send_bucket(bucket)
+            where = f"refit to policy version {version}, bucket {buckets + 1} ({sent / 2**20:.1f} MB sent before it)"
+            sent += self._send_bucket(bucket, during=where)
             buckets += 1
-        self.llm._collective_rpc("update_weights", args=(None,))  # finalise (post-load processing)
+        # finalise (post-load processing)
+        self._rpc("update_weights", (None,), during=f"refit to policy version {version}, finalising")
         self._wake([_KV_TAG])
         t_sent = time.perf_counter()
         gap, gap_mean = self._probe(source)
         if gap > self.cfg.probe_tolerance:
-            self._fail(items, gap, version)
+            try:
+                self._fail(items, gap, version)
+            except RefitError as exc:  # the engine holds weights other than the trainer's
+                self._failed = str(exc)
+                raise
         self.refit_metrics = {
             "timing/engine_refit_s": t_sent - t0,
             "timing/engine_probe_s": time.perf_counter() - t_sent,
@@ -207,7 +262,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
             "generation/refit_mb": sent / 2**20,
         }
 
-    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> int:
+    def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], *, during: str) -> int:
         """One ``update_weights`` call carrying the bucket for every engine rank (each reads the handles
         of its own device); the bucket's engine-dtype copies live only during the call."""
         from tensorrt_llm._torch.utils import get_device_uuid
@@ -231,7 +286,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
             payload[get_device_uuid(index)] = (
                 base64.b64encode(pickle.dumps(handles)).decode() if device.type == "cuda" else handles
             )
-        self.llm._collective_rpc("update_weights", args=(payload,))
+        self._rpc("update_weights", (payload,), during=during)
         nbytes = sum(t.numel() * t.element_size() for _, t in keep[0])
         del keep, payload
         return nbytes
@@ -260,7 +315,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         return float(diff.max()), float(diff.mean())
 
     def _fail(self, items: list[tuple[str, torch.Tensor]], gap: float, version: int) -> None:
-        per_rank = self.llm._collective_rpc("weight_checksums")
+        per_rank = self._rpc("weight_checksums", during=f"refit to policy version {version}, checksums")
         engine = combine_rank_checksums(list(per_rank))
         trainer = checksum_groups(items, dtype=self.dtype)
         bad = compare_checksums(trainer, engine, rtol=self.cfg.checksum_rtol)
@@ -306,6 +361,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         return self._trt_sampling(**kw)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
+        self._check_usable()
         self._wake(list(self.cfg.sleep_tags))  # a generate between release() and the refit (e.g. eval)
         results = self.llm.generate(
             [list(r.prompt_ids) for r in requests], self._sampling(sampling), use_tqdm=False

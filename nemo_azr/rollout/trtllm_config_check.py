@@ -39,5 +39,6 @@ def check_trtllm_config(cfg: NemoAzrConfig) -> None:
     require(t.probe_tolerance > 0, f"generation.trtllm.probe_tolerance must be > 0, got {t.probe_tolerance}")
     require(t.probe_length >= 1, f"generation.trtllm.probe_length must be >= 1, got {t.probe_length}")
     require(bool(t.probe_prompt.strip()), "generation.trtllm.probe_prompt is empty; give it some text")
+    require(t.rpc_timeout_s > 0, f"generation.trtllm.rpc_timeout_s must be > 0, got {t.rpc_timeout_s}")
     require(t.checksum_rtol > 0, f"generation.trtllm.checksum_rtol must be > 0, got {t.checksum_rtol}")
     require(trtllm_available(), TRTLLM_MISSING)

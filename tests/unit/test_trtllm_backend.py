@@ -279,6 +279,7 @@ def test_nothing_imports_tensorrt_llm_unless_asked():
         ("generation.trtllm.max_batch_size=2", "must be >= generation.n_samples=8"),
         ("generation.trtllm.refit_bucket_mb=0", "refit_bucket_mb must be > 0"),
         ("generation.trtllm.probe_length=0", "probe_length must be >= 1"),
+        ("generation.trtllm.rpc_timeout_s=0", "rpc_timeout_s must be > 0"),
         ("generation.trtllm.dtype=int8", "generation.trtllm.dtype='int8' is not one of"),
         ("generation.dtype=bfloat16", "the trtllm engine's dtype is generation.trtllm.dtype"),
     ],
@@ -338,3 +339,105 @@ def test_rollout_logprob_gap_is_over_loss_masked_tokens():
         "generation/logprob_gap_mean": 0.25,
         "generation/logprob_gap_max": 0.5,
     }
+
+
+def _tiny_request(tiny_model_path):
+    ids = load_tokenizer(tiny_model_path)("a b c", add_special_tokens=False)["input_ids"]
+    return [GenerationRequest(prompt_ids=ids, request_id="p")]
+
+
+def test_a_refit_failing_at_a_bucket_is_named_and_the_engine_generates_nothing_after(
+    trt, policy, tiny_model_path
+):
+    b = _backend(policy, tiny_model_path, refit_bucket_mb=0.05)
+    w = _worker(b)
+    real, calls = w.update_weights, []
+
+    def failing_at_bucket_3(ipc_handles=None):
+        calls.append(ipc_handles is None)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA error: out of memory")
+        return real(ipc_handles)
+
+    w.update_weights = failing_at_bucket_3
+    with pytest.raises(
+        RefitError, match=r"refit to policy version 1, bucket 3 .*out of memory.*part of the new"
+    ):
+        b.sync_weights(policy)
+    assert calls == [False, False, False]  # buckets 1-2 loaded, 3 failed, no finalise
+    assert b.version == 0  # the failed version was never announced
+    with pytest.raises(RefitError, match="generates nothing more"):
+        b.generate(_tiny_request(tiny_model_path), SamplingParams(n=1, max_new_tokens=2))
+    with pytest.raises(RefitError, match="bucket 3"):  # nor is a second refit tried on it
+        b.sync_weights(policy)
+    assert len(calls) == 3
+
+
+def test_a_refit_rpc_that_never_answers_times_out(trt, policy, tiny_model_path):
+    import threading
+
+    b = _backend(policy, tiny_model_path, rpc_timeout_s=0.2)
+    w = _worker(b)
+    never = threading.Event()
+    w.update_weights = lambda ipc_handles=None: never.wait()
+    try:
+        with pytest.raises(
+            RefitError, match=r"bucket 1 .*did not answer update_weights within .*rpc_timeout_s=0.2 s"
+        ):
+            b.sync_weights(policy)
+        with pytest.raises(RefitError, match="did not answer"):
+            b.generate(_tiny_request(tiny_model_path), SamplingParams(n=1, max_new_tokens=2))
+    finally:
+        never.set()  # lets the abandoned RPC thread end
+
+
+def test_a_release_that_never_answers_times_out(trt, policy, tiny_model_path):
+    import threading
+
+    b = _backend(policy, tiny_model_path, rpc_timeout_s=0.2)
+    never = threading.Event()
+    _worker(b).sleep = lambda tags: never.wait()
+    try:
+        with pytest.raises(RefitError, match=r"releasing the engine's memory: .*did not answer sleep"):
+            b.release()
+    finally:
+        never.set()
+
+
+def test_a_failed_refit_stops_training_with_the_last_checkpoint_intact(trt, tiny_cache, tmp_path, capsys):
+    """The CLI ends with one line naming the refit; step 1's checkpoint is still there to resume."""
+    from nemo_azr.cli import main
+
+    args = [
+        "train",
+        "generation=trtllm",
+        "logger=quiet",
+        f"model.tiny.cache_dir={tiny_cache}",
+        f"trainer.output_dir={tmp_path}",
+        "trainer.device=cpu",
+        "sft_warmup.steps=0",
+        "data.prompts_per_step=2",
+        "generation.n_samples=2",
+        "generation.max_new_tokens=4",
+        "trainer.save_interval=1",
+        "trainer.max_steps=3",
+    ]
+    real = fake.WorkerExtension.update_weights
+    refits = []
+
+    def update_weights(self, ipc_handles=None):
+        if ipc_handles is None:
+            refits.append(1)
+        elif len(refits) == 2:  # the first bucket of the third refit (after step 2's update)
+            raise RuntimeError("NCCL error: remote process exited")
+        return real(self, ipc_handles)
+
+    trt_ext = fake.WorkerExtension
+    trt_ext.update_weights = update_weights
+    try:
+        rc = main(args)
+    finally:
+        trt_ext.update_weights = real
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and "refit to policy version 2, bucket 1" in err[-1] and "NCCL error" in err[-1], err
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_1"]
