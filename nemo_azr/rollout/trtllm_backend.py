@@ -221,7 +221,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
 
     def _mark_failed(self, what: str) -> RefitError:
         self._failed = (
-            f"trtllm engine: {what}; it may hold part of the new weights, so it generates nothing more "
+            f"trtllm engine: {what}; its weights are not known to be the trainer's (part of a refit may have landed), so it generates nothing more "
             "(the run stops with its last checkpoint intact; a resume starts a fresh engine)"
         )
         return RefitError(self._failed)
@@ -234,6 +234,8 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
     def _refit(self, source, *, version: int) -> None:
         t0 = time.perf_counter()
         self._wake([t for t in self.cfg.sleep_tags if t != _KV_TAG])  # weights first: the KV cache waits
+        # in flux until checked: a rank that stops part-way reports -1, never the old or the new version
+        self._rpc("set_weight_version", (-1,), during=f"refit to policy version {version}, starting")
         state = policy_hf_state(source)
         items = engine_weights(state, tie_word_embeddings=self.tie_word_embeddings)
         bucket_bytes = self.cfg.refit_bucket_mb * 2**20
@@ -253,6 +255,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
             except RefitError as exc:  # the engine holds weights other than the trainer's
                 self._failed = str(exc)
                 raise
+        self._rpc("set_weight_version", (version,), during=f"refit to policy version {version}, stamping")
         self.refit_metrics = {
             "timing/engine_refit_s": t_sent - t0,
             "timing/engine_probe_s": time.perf_counter() - t_sent,
@@ -363,14 +366,26 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         self._check_usable()
         self._wake(list(self.cfg.sleep_tags))  # a generate between release() and the refit (e.g. eval)
+        held = self._held_version()
         results = self.llm.generate(
             [list(r.prompt_ids) for r in requests], self._sampling(sampling), use_tqdm=False
         )
         outputs = []
         for req, res in zip(requests, results):
             samples = [self._sample(c, sampling) for c in res.outputs[: sampling.n]]
-            outputs.append(GenerationOutput(request=req, samples=samples, policy_version=self.version))
+            outputs.append(GenerationOutput(request=req, samples=samples, policy_version=held))
         return outputs
+
+    def _held_version(self) -> int:
+        """The policy version every engine rank says it holds (stamped on the rows it generates);
+        ranks that disagree, or a version other than the last refit's, stop the rollout."""
+        held = sorted({int(v) for v in self._rpc("get_weight_version", during="reading the weight version")})
+        if held != [self.version]:
+            raise self._mark_failed(
+                f"its ranks hold weights of policy version(s) {held}, the last refit sent version "
+                f"{self.version} (-1: a refit that never finished on that rank)"
+            )
+        return held[0]
 
     def _sample(self, completion, sp: SamplingParams) -> Sample:
         """Contract sample from one ``CompletionOutput``: ends at EOS or the first stop string (found

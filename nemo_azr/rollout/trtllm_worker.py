@@ -2,7 +2,8 @@
 
 TensorRT-LLM's RLHF extension brings ``update_weights`` (CUDA IPC handles, then ``None`` to
 finalise); this subclass adds per-parameter checksums, which the refit guard asks for through the
-LLM's collective RPC when the probe log-probs disagree with the trainer's. Imported only by the
+LLM's collective RPC when the probe log-probs disagree with the trainer's, and the version of the
+weights each rank holds, which every rollout row is stamped with. Imported only by the
 engine's workers (by its dotted path), never by ``import nemo_azr``: it needs ``tensorrt_llm``.
 """
 
@@ -13,6 +14,16 @@ from tensorrt_llm.llmapi.rlhf_utils import WorkerExtension
 
 
 class RefitWorkerExtension(WorkerExtension):
+    #: the policy version of the weights this rank holds: -1 from the first bucket of a refit until
+    #: the refit is checked, so a rank that is part-way through (or never got the refit) says so
+    weight_version: int = -1
+
+    def set_weight_version(self, version: int) -> None:
+        self.weight_version = int(version)
+
+    def get_weight_version(self) -> int:
+        return self.weight_version
+
     @torch.no_grad()
     def weight_checksums(self) -> dict[str, tuple[float, float, int]]:
         """{engine parameter name: (float64 sum, sum of squares, numel)} of this rank's parameters."""

@@ -77,6 +77,7 @@ from nemo_azr.trainer.output_lock import acquire_output_lock, release_output_loc
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
 from nemo_azr.trainer.preflight import check_writable, resolve_device
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
+from nemo_azr.trainer.row_versions import check_row_versions
 from nemo_azr.trainer.samples import select_samples
 from nemo_azr.trainer.sft import SFTWarmup
 from nemo_azr.trainer.step_metrics import (
@@ -254,6 +255,9 @@ class Trainer(CheckpointingMixin):
             rollout = self.async_rollout.take(step, self.state.policy_version)
             wait_s = time.perf_counter() - t_wait
         try:
+            if rollout.batch is not None:  # sync: the version last pushed; async: the producer's own
+                expected = self.state.policy_version if self.async_rollout is None else rollout.policy_version
+                check_row_versions(rollout.batch, expected)
             metrics = self._train_on(step, rollout)
         finally:
             if self.async_rollout is not None:
