@@ -161,6 +161,12 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         if self.cfg.max_seq_len:
             kwargs["max_seq_len"] = self.cfg.max_seq_len
         self.llm = trt.LLM(**kwargs)
+        # Which GPU each engine rank runs on, as the rank itself reports it: under Ray's placement
+        # rank r need not run on GPU r, and update_weights keys the IPC handles by device UUID.
+        self._rank_uuids = [
+            str(u) for u in self._rpc("device_uuid", during="asking the engine's ranks for their GPUs")
+        ]
+        self._rank_devices = [self._local_device(u) for u in self._rank_uuids]
         self._refit(model, version=0)  # the weights the engine starts from
 
     # --- capabilities ---------------------------------------------------------------------------
@@ -188,6 +194,20 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         if tags:
             self._rpc("wakeup", (tags,), during=f"waking {', '.join(tags)}")
             self._asleep -= set(tags)
+
+    def _local_device(self, uuid: str) -> torch.device:
+        """This process's device for the GPU an engine rank reported (CPU when there is no CUDA)."""
+        if self.device is None:
+            return torch.device("cpu")
+        want = _uuid_hex(uuid)
+        for index in range(torch.cuda.device_count()):
+            if _uuid_hex(str(torch.cuda.get_device_properties(index).uuid)) == want:
+                return torch.device("cuda", index)
+        raise ConfigError(
+            f"an engine rank runs on GPU {uuid}, which this trainer process does not see: the weights "
+            "travel as CUDA IPC handles, so the trainer must see every engine GPU (check "
+            "CUDA_VISIBLE_DEVICES and the Ray placement)"
+        )
 
     # --- the engine's RPCs: bounded in time, and fatal to the engine when they fail ---------------
     def _rpc(self, method: str, args: tuple = (), *, during: str) -> list[Any]:
@@ -268,30 +288,26 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
     def _send_bucket(self, bucket: list[tuple[str, torch.Tensor]], *, during: str) -> int:
         """One ``update_weights`` call carrying the bucket for every engine rank (each reads the handles
         of its own device); the bucket's engine-dtype copies live only during the call."""
-        from tensorrt_llm._torch.utils import get_device_uuid
         from torch.multiprocessing.reductions import reduce_tensor
 
         payload: dict[str, Any] = {}
-        keep = []  # the tensors behind the handles stay alive until the engine has loaded them
-        for index in range(self.cfg.tensor_parallel_size):
-            # engine rank r runs on local GPU r; on CPU (no CUDA IPC) every rank shares one copy
-            device = torch.device("cuda", index) if self.device is not None else torch.device("cpu")
-            if device.type == "cpu" and keep:
-                tensors = keep[0]
-            else:
-                tensors = [
+        copies: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}  # alive until the engine loaded them
+        for uuid, device in zip(self._rank_uuids, self._rank_devices):
+            # one copy per GPU the ranks run on (the GPU each rank reported, not "rank r = GPU r");
+            # on CPU (no CUDA IPC) every rank shares one copy
+            if device not in copies:
+                copies[device] = [
                     (n, t.detach().to(device=device, dtype=self.dtype).contiguous()) for n, t in bucket
                 ]
-                keep.append(tensors)
-            handles = [(name, reduce_tensor(t)) for name, t in tensors]
+            handles = [(name, reduce_tensor(t)) for name, t in copies[device]]
             # CUDA handles travel pickled and base64-encoded (the extension unpickles them with a
             # restricted unpickler); CPU tensors go as the plain list it also accepts.
-            payload[get_device_uuid(index)] = (
+            payload[uuid] = (
                 base64.b64encode(pickle.dumps(handles)).decode() if device.type == "cuda" else handles
             )
         self._rpc("update_weights", (payload,), during=during)
-        nbytes = sum(t.numel() * t.element_size() for _, t in keep[0])
-        del keep, payload
+        nbytes = sum(t.numel() * t.element_size() for _, t in next(iter(copies.values())))
+        del copies, payload
         return nbytes
 
     # --- refit guard ----------------------------------------------------------------------------
@@ -405,6 +421,13 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         tokens, logps = tokens[:end], logps[:end]
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Sample(token_ids=tokens, logprobs=logps, text=text, finish_reason=reason)
+
+
+def _uuid_hex(uuid: str) -> str:
+    """A GPU UUID as bare lowercase hex: NVML writes ``GPU-xxxxxxxx-...``, torch the digits alone."""
+    text = uuid.strip().lower()
+    text = text.removeprefix("gpu-")
+    return "".join(ch for ch in text if ch in "0123456789abcdef")
 
 
 def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:

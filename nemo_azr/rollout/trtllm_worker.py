@@ -18,6 +18,12 @@ class RefitWorkerExtension(WorkerExtension):
     #: the refit is checked, so a rank that is part-way through (or never got the refit) says so
     weight_version: int = -1
 
+    def device_uuid(self) -> str:
+        """The UUID of the GPU this rank runs on: the key of its IPC handles in ``update_weights``."""
+        from tensorrt_llm._torch.utils import get_device_uuid
+
+        return get_device_uuid(self.device_id)
+
     def set_weight_version(self, version: int) -> None:
         self.weight_version = int(version)
 

@@ -475,3 +475,39 @@ def test_rows_at_a_version_the_trainer_did_not_push_are_refused():
     ):
         check_row_versions(batch, 3)
     check_row_versions(Batch({"input_ids": torch.zeros(1, 3, dtype=torch.long)}), 3)  # no versions recorded
+
+
+def test_weights_go_to_the_gpus_the_ranks_report_not_rank_r_on_gpu_r(
+    trt, policy, tiny_model_path, monkeypatch
+):
+    """Ray placed the two ranks on GPUs 3 and 2: the handles are keyed by the UUIDs the ranks report."""
+    real_init = fake._WorkerBase.__init__
+
+    def placed(self, model, device_id, enable_sleep):
+        real_init(self, model, 3 - device_id, enable_sleep)
+
+    monkeypatch.setattr(fake._WorkerBase, "__init__", placed)
+    b = _backend(policy, tiny_model_path, tensor_parallel_size=2)
+    assert b._rank_uuids == ["FAKE-GPU-3", "FAKE-GPU-2"]
+    for w in b.llm.workers:  # each rank found its own handles and loaded every weight
+        assert w.finalized == 1
+        for name, p in w.engine.model_engine.model.state_dict().items():
+            torch.testing.assert_close(p, policy.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_a_rank_gpu_the_trainer_cannot_see_is_one_config_error(trt, policy, tiny_model_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from nemo_azr.rollout.trtllm_backend import _uuid_hex
+
+    assert _uuid_hex("GPU-5B8E3A6C-0d1e-4f00-9abc-0123456789AB") == _uuid_hex(
+        "5b8e3a6c-0d1e-4f00-9abc-0123456789ab"
+    )
+    b = _backend(policy, tiny_model_path)
+    b.device = torch.device("cuda", 0)  # as on a GPU machine with two visible GPUs
+    visible = ["GPU-aaaa0000-0000-0000-0000-000000000001", "GPU-aaaa0000-0000-0000-0000-000000000002"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(visible))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=visible[i][4:]))
+    assert b._local_device(visible[1]) == torch.device("cuda", 1)
+    with pytest.raises(ConfigError, match=r"GPU-ffff.* which this trainer process does not see"):
+        b._local_device("GPU-ffff0000-0000-0000-0000-000000000009")
