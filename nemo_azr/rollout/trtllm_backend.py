@@ -241,8 +241,9 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
 
     def _mark_failed(self, what: str) -> RefitError:
         self._failed = (
-            f"trtllm engine: {what}; its weights are not known to be the trainer's (part of a refit may have landed), so it generates nothing more "
-            "(the run stops with its last checkpoint intact; a resume starts a fresh engine)"
+            f"trtllm engine: {what}; its weights are not known to be the trainer's (part of a refit may "
+            "have landed), so it generates nothing more (the run stops with its last checkpoint intact; "
+            "a resume starts a fresh engine)"
         )
         return RefitError(self._failed)
 
@@ -270,11 +271,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         t_sent = time.perf_counter()
         gap, gap_mean = self._probe(source)
         if gap > self.cfg.probe_tolerance:
-            try:
-                self._fail(items, gap, version)
-            except RefitError as exc:  # the engine holds weights other than the trainer's
-                self._failed = str(exc)
-                raise
+            self._fail(items, gap, version)
         self._rpc("set_weight_version", (version,), during=f"refit to policy version {version}, stamping")
         self.refit_metrics = {
             "timing/engine_refit_s": t_sent - t0,
@@ -334,6 +331,8 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         return float(diff.max()), float(diff.mean())
 
     def _fail(self, items: list[tuple[str, torch.Tensor]], gap: float, version: int) -> None:
+        """Raise the probe's :class:`RefitError` (naming the first bad layer when there is one) and
+        leave the backend failed: the engine holds weights other than the trainer's."""
         per_rank = self._rpc("weight_checksums", during=f"refit to policy version {version}, checksums")
         engine = combine_rank_checksums(list(per_rank))
         trainer = checksum_groups(items, dtype=self.dtype)
@@ -345,17 +344,19 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
                 if bad[1:]
                 else ""
             )
-            raise RefitError(
+            self._failed = (
                 f"trtllm refit to policy version {version}: the engine's probe log-probs differ from "
                 f"the trainer's by {gap:.4g} > generation.trtllm.probe_tolerance={tol}; first bad layer: "
                 f"{bad[0]}{more} (its engine weights differ from those sent)"
             )
-        raise RefitError(
+            raise RefitError(self._failed)
+        self._failed = (
             f"trtllm refit to policy version {version}: the engine's probe log-probs differ from the "
             f"trainer's by {gap:.4g} > generation.trtllm.probe_tolerance={tol}, yet every layer's weights "
             "match what was sent: a numerics or model-config mismatch (dtype, rope scaling), not stale "
             "weights; raise the tolerance only if that gap is expected for generation.trtllm.dtype"
         )
+        raise RefitError(self._failed)
 
     # --- generation -----------------------------------------------------------------------------
     def _sampling(self, sp: SamplingParams) -> Any:

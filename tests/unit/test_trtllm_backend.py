@@ -293,21 +293,28 @@ def test_bad_trtllm_keys_are_config_errors(trt, override, message):
         load_config(["generation=trtllm", "logger=quiet", override])
 
 
+def _tiny_trtllm_job(tiny_cache, tmp_path) -> list[str]:
+    """Overrides of a short CPU training job on the tiny model with generation=trtllm (the fake)."""
+    return [
+        "generation=trtllm",
+        "logger=quiet",
+        f"model.tiny.cache_dir={tiny_cache}",
+        f"trainer.output_dir={tmp_path}",
+        "trainer.device=cpu",
+        "sft_warmup.steps=0",
+        "data.prompts_per_step=2",
+        "generation.n_samples=2",
+        "generation.max_new_tokens=4",
+    ]
+
+
 def test_trainer_logs_refit_time_and_probe_gap_and_sleeps_each_step(trt, tiny_cache, tmp_path):
     from nemo_azr.preflight import load_config
     from nemo_azr.trainer.trainer import Trainer
 
     cfg = load_config(
         [
-            "generation=trtllm",
-            "logger=quiet",
-            f"model.tiny.cache_dir={tiny_cache}",
-            f"trainer.output_dir={tmp_path}",
-            "trainer.device=cpu",
-            "sft_warmup.steps=0",
-            "data.prompts_per_step=2",
-            "generation.n_samples=2",
-            "generation.max_new_tokens=4",
+            *_tiny_trtllm_job(tiny_cache, tmp_path),
             "algorithm.reuse_update_logprobs=false",  # old log-probs computed apart: the batch gap is logged
         ]
     )
@@ -405,24 +412,12 @@ def test_a_release_that_never_answers_times_out(trt, policy, tiny_model_path):
         never.set()
 
 
-def test_a_failed_refit_stops_training_with_the_last_checkpoint_intact(trt, tiny_cache, tmp_path, capsys):
+def test_a_failed_refit_stops_training_with_the_last_checkpoint_intact(
+    trt, tiny_cache, tmp_path, capsys, monkeypatch
+):
     """The CLI ends with one line naming the refit; step 1's checkpoint is still there to resume."""
     from nemo_azr.cli import main
 
-    args = [
-        "train",
-        "generation=trtllm",
-        "logger=quiet",
-        f"model.tiny.cache_dir={tiny_cache}",
-        f"trainer.output_dir={tmp_path}",
-        "trainer.device=cpu",
-        "sft_warmup.steps=0",
-        "data.prompts_per_step=2",
-        "generation.n_samples=2",
-        "generation.max_new_tokens=4",
-        "trainer.save_interval=1",
-        "trainer.max_steps=3",
-    ]
     real = fake.WorkerExtension.update_weights
     refits = []
 
@@ -433,12 +428,9 @@ def test_a_failed_refit_stops_training_with_the_last_checkpoint_intact(trt, tiny
             raise RuntimeError("NCCL error: remote process exited")
         return real(self, ipc_handles)
 
-    trt_ext = fake.WorkerExtension
-    trt_ext.update_weights = update_weights
-    try:
-        rc = main(args)
-    finally:
-        trt_ext.update_weights = real
+    monkeypatch.setattr(fake.WorkerExtension, "update_weights", update_weights)
+    job = _tiny_trtllm_job(tiny_cache, tmp_path)
+    rc = main(["train", *job, "trainer.save_interval=1", "trainer.max_steps=3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and "refit to policy version 2, bucket 1" in err[-1] and "NCCL error" in err[-1], err
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_1"]
