@@ -4,16 +4,24 @@ Call sequence (TensorRT-LLM's RLHF worker extension, as its own examples and ver
 
 * start: ``LLM(model=<folder with the HF config + tokenizer>, load_format="dummy", backend="pytorch",
   orchestrator_type="ray", ray_worker_extension_cls=<RefitWorkerExtension>, enable_sleep=True,
-  kv_cache_config=KvCacheConfig(free_gpu_memory_fraction=...), ...)``; the engine holds no real
-  weights until the first refit, which the constructor does from the model it is given.
+  sampler_type="TRTLLMSampler", kv_cache_config=KvCacheConfig(free_gpu_memory_fraction=...), ...)``;
+  the keywords are those of the installed release's row in ``trtllm_api.RELEASES`` (an unlisted
+  release is refused in one line). The engine holds no real weights until the first refit, which the
+  constructor does from the model it is given.
 * rollout: ``llm.generate(prompt_token_ids, SamplingParams(n, temperature, top_p, top_k, max_tokens,
   stop, logprobs=1, ...))``; each ``RequestOutput.outputs[i]`` has ``token_ids`` and ``logprobs`` (one
-  ``{token_id: Logprob}`` per generated token).
+  ``{token_id: Logprob}`` per generated token). The sampler is chosen so that these are the sampled
+  token's log-probs under the temperature-scaled distribution (1.2's default TorchSampler returns
+  raw-logit log-probs, and only the top-1 token's); a release without per-request seeds gets none
+  (its one engine-wide generator decides), and greedy requests with ``n > 1`` are sent once and
+  repeated where the release refuses them.
 * update phase: :meth:`release` puts the engine to sleep (``_collective_rpc("sleep", (tags,))``) so the
   trainer has the GPU memory; the trainer calls it after the rollout.
 * refit (:meth:`sync_weights`): wake the weight memory, send the weights bucket by bucket as CUDA IPC
-  handles (``_collective_rpc("update_weights", ({device_uuid: base64(pickle([(name, handle), ...]))},))``),
-  finalise with ``update_weights(None)``, wake the KV cache, then the refit guard.
+  handles with the trainer's checksum of every tensor (``_collective_rpc("update_weights_checked",
+  ({device_uuid: base64(pickle([(name, handle), ...]))}, {name: (sum, sum of squares)}))``: each rank
+  checks what its handles resolve to before loading the bucket), finalise with
+  ``update_weights(None)``, wake the KV cache, then the refit guard.
 
 No hang, no half-applied refit: every collective RPC (sleep, wake, each bucket, the finalise) waits at
 most ``generation.trtllm.rpc_timeout_s``. A refit that fails or times out part-way leaves an engine
@@ -21,8 +29,9 @@ that may hold some new and some old weights, so the backend marks itself failed:
 more (a :class:`RefitError` naming the step, the bucket and the engine's error), and the run stops with
 its last checkpoint intact; a resume starts a fresh engine.
 
-Refit guard: a fixed probe prompt is sampled (temperature 1, fixed seed) and the engine's log-probs of
-its tokens are compared with the trainer's own (``policy.compute_logprobs``). A gap beyond
+Refit guard: a fixed probe prompt is sampled at the rollout's temperature and the engine's log-probs
+of its tokens are compared with the trainer's own at that temperature (``policy.compute_logprobs``),
+so log-probs of another distribution fail here and not silently in the loss. A gap beyond
 ``generation.trtllm.probe_tolerance`` raises :class:`RefitError` naming the first layer whose
 engine checksums (asked through the collective RPC) differ from what the trainer sent; stale or
 corrupted weights never generate silently. ``refit_metrics`` holds the last refit's time and gap.
@@ -34,6 +43,7 @@ corrupted weights never generate silently. ``refit_metrics`` holds the last refi
 from __future__ import annotations
 
 import base64
+import copy
 import importlib
 import importlib.util
 import os
@@ -53,6 +63,7 @@ from nemo_azr.contracts.policy import Policy
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.engine import GenerationEngineBase
+from nemo_azr.rollout.trtllm_api import release_surface
 from nemo_azr.rollout.trtllm_weights import (
     RefitError,
     checksum_groups,
@@ -72,8 +83,6 @@ TRTLLM_MISSING = (
     "on CPU machines: run in the GPU container of containers/Dockerfile (containers/README.md), or use "
     "generation.backend=hf"
 )
-#: Seed of the probe's sampling: the same probe tokens every refit, for the same weights.
-PROBE_SEED = 1234
 _KV_TAG = "kv_cache"
 
 
@@ -125,6 +134,10 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         from tensorrt_llm.llmapi import KvCacheConfig
 
         self.cfg = cfg.trtllm
+        self.surface = release_surface(getattr(trt, "__version__", "unknown"))
+        # the probe samples as the rollout does (its temperature), so it checks the log-probs the
+        # loss and the IS correction will read
+        self.probe_temperature = float(cfg.temperature)
         self._trt_sampling = trt.SamplingParams
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
@@ -156,10 +169,18 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
             "max_batch_size": self.cfg.max_batch_size,
             "orchestrator_type": "ray",  # the collective RPC (update_weights, sleep) needs Ray workers
             "ray_worker_extension_cls": EXTENSION_PATH,
-            "enable_sleep": self.cfg.sleep,
+            self.surface.sleep_keyword: self.cfg.sleep,
+            # the sampler whose log-probs are those of the temperature-scaled distribution
+            "sampler_type": self.surface.sampler_type,
         }
         if self.cfg.max_seq_len:
             kwargs["max_seq_len"] = self.cfg.max_seq_len
+        unlisted = sorted(set(kwargs) - self.surface.llm_keywords)
+        if unlisted:
+            raise ConfigError(
+                f"TensorRT-LLM {self.surface.release} does not take LLM argument(s) {unlisted} "
+                "(nemo_azr/rollout/trtllm_api.py lists what each release takes)"
+            )
         self.llm = trt.LLM(**kwargs)
         # Which GPU each engine rank runs on, as the rank itself reports it: under Ray's placement
         # rank r need not run on GPU r, and update_weights keys the IPC handles by device UUID.
@@ -289,6 +310,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
 
         payload: dict[str, Any] = {}
         copies: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}  # alive until the engine loaded them
+        sums: dict[str, tuple[float, float]] = {}  # what the trainer sent, checked by every rank
         for uuid, device in zip(self._rank_uuids, self._rank_devices):
             # one copy per GPU the ranks run on (the GPU each rank reported, not "rank r = GPU r");
             # on CPU (no CUDA IPC) every rank shares one copy
@@ -296,27 +318,29 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
                 copies[device] = [
                     (n, t.detach().to(device=device, dtype=self.dtype).contiguous()) for n, t in bucket
                 ]
+                if not sums:
+                    sums = {n: _sum_and_squares(t) for n, t in copies[device]}
             handles = [(name, reduce_tensor(t)) for name, t in copies[device]]
             # CUDA handles travel pickled and base64-encoded (the extension unpickles them with a
             # restricted unpickler); CPU tensors go as the plain list it also accepts.
             payload[uuid] = (
                 base64.b64encode(pickle.dumps(handles)).decode() if device.type == "cuda" else handles
             )
-        self._rpc("update_weights", (payload,), during=during)
+        self._rpc("update_weights_checked", (payload, sums), during=during)
         nbytes = sum(t.numel() * t.element_size() for _, t in next(iter(copies.values())))
         del copies, payload
         return nbytes
 
     # --- refit guard ----------------------------------------------------------------------------
     def _probe(self, source) -> tuple[float, float]:
-        """(max, mean) |engine - trainer| log-prob over the probe's sampled tokens (temperature 1)."""
+        """(max, mean) |engine - trainer| log-prob over the probe's sampled tokens, both at the
+        rollout's temperature (no top-k / top-p: the trainer's log-probs have no truncation either)."""
         sp = self._trt_sampling(
             n=1,
             max_tokens=self.cfg.probe_length,
-            temperature=1.0,
+            temperature=self.probe_temperature,
             top_p=1.0,
             top_k=0,
-            seed=PROBE_SEED,
             logprobs=1,
             ignore_eos=True,
             detokenize=False,
@@ -324,7 +348,9 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         out = self.llm.generate([list(self.probe_ids)], sp, use_tqdm=False)[0].outputs[0]
         tokens = list(out.token_ids)
         engine = torch.tensor(_sampled_logprobs(out.logprobs, tokens))
-        trainer = _trainer_logprobs(source, self.probe_ids, tokens, pad_id=self.pad_id)
+        trainer = _trainer_logprobs(
+            source, self.probe_ids, tokens, pad_id=self.pad_id, temperature=self.probe_temperature
+        )
         diff = (engine - trainer).abs()
         if not bool(torch.isfinite(diff).all()):
             return float("inf"), float("inf")
@@ -361,7 +387,7 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
     # --- generation -----------------------------------------------------------------------------
     def _sampling(self, sp: SamplingParams) -> Any:
         kw: dict[str, Any] = {
-            "n": sp.n,
+            "n": self._engine_n(sp),
             "max_tokens": sp.max_new_tokens,
             "logprobs": 1,  # the sampled token's log-prob
             # EOS as a stop token kept in the output (the contract's token_ids end with it)
@@ -370,8 +396,9 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
             "stop_token_ids": [self.eos_id],
             "include_stop_str_in_output": True,
             "detokenize": False,
-            "seed": int(torch.randint(0, 2**31 - 1, ())),  # follows the trainer's seeding
         }
+        if self.surface.per_request_seed:
+            kw["seed"] = int(torch.randint(0, 2**31 - 1, ()))  # follows the trainer's seeding
         if sp.greedy:
             kw.update(temperature=1.0, top_p=1.0, top_k=1)
         else:
@@ -390,8 +417,15 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         outputs = []
         for req, res in zip(requests, results):
             samples = [self._sample(c, sampling) for c in res.outputs[: sampling.n]]
+            while len(samples) < sampling.n:  # greedy sent once (_engine_n): every sample is the same
+                samples.append(copy.deepcopy(samples[0]))
             outputs.append(GenerationOutput(request=req, samples=samples, policy_version=held))
         return outputs
+
+    def _engine_n(self, sp: SamplingParams) -> int:
+        """Samples asked of the engine: a release that refuses greedy with n > 1 gets one (greedy
+        decoding gives the same sample every time)."""
+        return 1 if sp.greedy and not self.surface.greedy_n_above_one else sp.n
 
     def _held_version(self) -> int:
         """The policy version every engine rank says it holds (stamped on the rows it generates);
@@ -424,6 +458,11 @@ class TRTLLMGenerationBackend(GenerationEngineBase):
         return Sample(token_ids=tokens, logprobs=logps, text=text, finish_reason=reason)
 
 
+def _sum_and_squares(t: torch.Tensor) -> tuple[float, float]:
+    d = t.double()
+    return float(d.sum()), float((d * d).sum())
+
+
 def _uuid_hex(uuid: str) -> str:
     """A GPU UUID as bare lowercase hex: NVML writes ``GPU-xxxxxxxx-...``, torch the digits alone."""
     text = uuid.strip().lower()
@@ -443,8 +482,9 @@ def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
         if isinstance(entry, dict):
             if tok not in entry:
                 raise RefitError(
-                    f"the TensorRT-LLM engine's log-probs miss the sampled token {tok}; this backend needs a "
-                    "TensorRT-LLM whose logprobs include the sampled token (containers/Dockerfile pins one)"
+                    f"the TensorRT-LLM engine's log-probs miss the sampled token {tok} (a sampler that "
+                    "returns the top-1 token's instead, as 1.2's TorchSampler does); the backend asks for "
+                    "the sampler its release row names (nemo_azr/rollout/trtllm_api.py)"
                 )
             entry = entry[tok]
         out.append(float(getattr(entry, "logprob", entry)))
@@ -452,15 +492,16 @@ def _sampled_logprobs(logprobs, tokens: list[int]) -> list[float]:
 
 
 @torch.no_grad()
-def _trainer_logprobs(source, prompt: list[int], tokens: list[int], *, pad_id: int) -> torch.Tensor:
-    """The trainer's log-probs (temperature 1) of ``tokens`` after ``prompt``: the policy's own
+def _trainer_logprobs(
+    source, prompt: list[int], tokens: list[int], *, pad_id: int, temperature: float = 1.0
+) -> torch.Tensor:
+    """The trainer's log-probs at ``temperature`` of ``tokens`` after ``prompt``: the policy's own
     ``compute_logprobs`` (megatron: collective), or a plain forward of an HF model (the first refit)."""
     packed = pack_prompt_response([prompt], [tokens], None, pad_id=pad_id)
     mask = packed["loss_mask"][0] > 0
     if isinstance(source, Policy):
-        # The probe samples at temperature 1 (raw and processed log-probs agree there): score it alike.
         saved = source.temperature
-        source.temperature = 1.0
+        source.temperature = temperature
         try:
             return source.compute_logprobs(Batch(packed))[0][mask].float()
         finally:
@@ -475,6 +516,7 @@ def _trainer_logprobs(source, prompt: list[int], tokens: list[int], *, pad_id: i
         )
         .logits[0, :-1]
         .float()
+        / temperature
     )
     lp = logits.log_softmax(-1).gather(-1, packed["input_ids"][0, 1:, None].to(device))[:, 0]
     return lp[mask[1:].to(device)].cpu()

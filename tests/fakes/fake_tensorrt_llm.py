@@ -3,32 +3,38 @@ generation backend uses. Never a backend for users: it lives under tests/, is no
 backend only ever imports the module named ``tensorrt_llm``; tests put this one there with
 :func:`install` (``sys.modules``, undone by monkeypatch).
 
-What it reproduces, from TensorRT-LLM's LLM API (PyTorch backend) and its RLHF worker extension:
+It is as strict as the release it imitates (``install(monkeypatch, release="1.2")``), whose row of
+``nemo_azr.rollout.trtllm_api.RELEASES`` it reads, so the contract suite fails where the real library
+would:
 
-* ``LLM(model=folder, load_format="dummy", ...)``: unknown keyword arguments are refused; ``dummy``
-  starts from random weights, so nothing works until the first refit.
-* ``LLM.generate(list of prompt token id lists, SamplingParams)`` -> ``RequestOutput`` objects with
-  ``.outputs[i].token_ids`` and ``.logprobs`` (one ``{token_id: Logprob(logprob, rank)}`` per token,
-  holding the top-``logprobs`` tokens first and the sampled one, as the engine returns them), ``n``
-  samples, ``max_tokens``, ``end_id`` (excluded from the output; ``-1`` = none), ``stop_token_ids``,
-  token-level ``stop`` strings (the generated ids end with the stop string's ids), ``seed``.
-  Log-probs are of the temperature-scaled distribution before top-k/top-p.
-* ``LLM._collective_rpc(method, args)``: one result per worker (TP rank), the method looked up on
-  the worker extension class given as ``ray_worker_extension_cls`` (a dotted path).
-* ``rlhf_utils.WorkerExtension.update_weights(ipc_handles)``: ``{device_uuid: handles}`` where handles
-  is a base64 pickled list of ``(name, (rebuild_fn, args))`` (unpickled with a restricted
-  unpickler that refuses byte-serialised storages) or that list itself; CUDA handles get their device
-  index (args[6]) replaced; the weights are loaded by HF name with partial loading (unknown names
-  are silently ignored, as a partial reload does); ``None`` finalises.
-* ``sleep(tags)`` / ``wakeup(tags)`` (``enable_sleep=True``): released weights are lost until wakeup
-  (filled with NaN here), and generating or loading weights into released memory is an error.
+* ``LLM(**kwargs)``: any keyword outside the release's ``llm_keywords`` is refused (the real args
+  model refuses unknown fields); ``load_format="dummy"`` starts from random weights, so nothing works
+  until the first refit.
+* Log-probs: ``sampler_type="TRTLLMSampler"`` returns the sampled token's log-prob under the
+  temperature-scaled distribution; the default sampler (``auto`` / ``TorchSampler``) returns the
+  top-``logprobs`` tokens of the *raw* logits (no temperature), which need not include the sampled
+  token, as TensorRT-LLM 1.2's TorchSampler does.
+* Seeds: a release without per-request seeds samples every request from one engine-wide generator
+  seeded at start; ``SamplingParams.seed`` is ignored.
+* Greedy (``top_k=1``) with ``n > 1`` is refused where the release refuses it.
+* ``update_weights`` unpickles with an allowlist (builtins and torch only, as the library's
+  restricted unpickler); handles of CUDA tensors get their device index (args[6]) replaced.
+* Tensor parallelism: each TP rank holds only its shard of every weight (column-parallel layers and
+  the embedding split on dim 0, ``o_proj``/``down_proj`` on dim 1, norms replicated), loaded by
+  slicing the full tensors it receives, as the engine's loader does; generation all-gathers the
+  shards. Per-rank checksums are therefore of shards.
+* ``sleep(tags)`` / ``wakeup(tags)``: released weights are lost until wakeup (filled with NaN here),
+  and generating or loading weights into released memory is an error.
 
-Generation decodes with the HF model built from the folder's config on CPU (KV-cached, one sample at a time).
+Generation decodes with the HF model built from the folder's config on CPU (KV-cached, one sample at
+a time); ``end_id`` (excluded from the output; ``-1`` = none), ``stop_token_ids`` and token-level
+``stop`` strings end a sample.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import importlib
 import inspect
 import io
@@ -41,8 +47,12 @@ from typing import Any, NamedTuple
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-__version__ = "0.0.0+fake"
+from nemo_azr.rollout.trtllm_api import RELEASES, ReleaseSurface
+
 IS_FAKE = True
+#: The release this fake imitates (``install`` sets it from the table).
+SURFACE: ReleaseSurface = RELEASES["1.2"]
+__version__ = SURFACE.pinned
 SLEEP_TAGS = (
     "sampler",
     "drafter",
@@ -54,6 +64,11 @@ SLEEP_TAGS = (
     "draft_model",
     "kv_cache",
 )
+SAMPLERS = ("auto", "TorchSampler", "TRTLLMSampler")
+#: Module-name prefixes update_weights may unpickle from (the library's restricted unpickler).
+UNPICKLE_ALLOWED = ("builtins", "torch")
+#: Parameters split on dim 1 across TP ranks (row-parallel); other 2-D ones on dim 0, 1-D replicated.
+ROW_PARALLEL = ("o_proj", "down_proj")
 
 
 def get_device_uuid(device_id: int) -> str:
@@ -106,19 +121,34 @@ class RequestOutput:
     finished: bool = True
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Like the extension's: refuses storages serialised as bytes (only IPC handles may travel)."""
-
-    REFUSED = {("torch.storage", "_load_from_bytes"), ("torch.hub", "_load_local"), ("torch", "save")}
+class _AllowlistUnpickler(pickle.Unpickler):
+    """Only builtins and torch may be named in an update_weights payload."""
 
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.REFUSED:
-            raise pickle.UnpicklingError(f"refused: {module}.{name}")
+        if module.split(".")[0] not in UNPICKLE_ALLOWED:
+            raise pickle.UnpicklingError(f"refused: {module}.{name} (only builtins and torch are allowed)")
         return super().find_class(module, name)
 
 
+def shard_dim(name: str, param: torch.Tensor, tp: int) -> int | None:
+    """The dim a TP rank's shard of ``name`` is cut on (None: replicated on every rank)."""
+    if tp == 1:
+        return None
+    if param.dim() == 2:
+        dim = 1 if any(f".{r}." in f".{name}" for r in ROW_PARALLEL) else 0
+    elif param.dim() == 1 and not any(f".{r}." in f".{name}" for r in ROW_PARALLEL) and "norm" not in name:
+        dim = 0  # a column-parallel bias
+    else:
+        return None
+    return dim if param.shape[dim] % tp == 0 else None
+
+
 class ModelLoader:
-    """``model_loader.reload(model, weights, allow_partial_loading)``: copy by HF parameter name."""
+    """``model_loader.reload(model, weights, allow_partial_loading)``: copy by HF parameter name, each
+    TP rank keeping only its shard of the full tensor it receives."""
+
+    def __init__(self, rank: int = 0, tp: int = 1) -> None:
+        self.rank, self.tp = rank, tp
 
     def reload(
         self, model: torch.nn.Module, weights: dict[str, torch.Tensor], allow_partial_loading: bool
@@ -128,23 +158,41 @@ class ModelLoader:
             raise ValueError(f"missing weights: {sorted(set(params) - set(weights))[:3]}")
         with torch.no_grad():
             for name, tensor in weights.items():
-                if name in params:  # unknown names: ignored under partial loading
-                    params[name].copy_(tensor.to(params[name].dtype))
+                if name not in params:  # unknown names: ignored under partial loading
+                    continue
+                dim = shard_dim(name, tensor, self.tp)
+                part = tensor if dim is None else tensor.chunk(self.tp, dim)[self.rank]
+                params[name].copy_(part.to(params[name].dtype))
 
 
 class _ModelEngine:
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, rank: int = 0, tp: int = 1) -> None:
         self.model = model
-        self.model_loader = ModelLoader()
+        self.model_loader = ModelLoader(rank, tp)
 
 
 class _Engine:
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model_engine = _ModelEngine(model)
+    def __init__(self, model: torch.nn.Module, rank: int = 0, tp: int = 1) -> None:
+        self.model_engine = _ModelEngine(model, rank, tp)
         self.prefix_cache_resets = 0
 
     def reset_prefix_cache(self) -> None:
         self.prefix_cache_resets += 1
+
+
+def rebuild_handles(handles: str | list, device_id: int) -> dict[str, torch.Tensor]:
+    """The tensors of one rank's update_weights payload (base64 pickle or the plain list)."""
+    if isinstance(handles, str):
+        handles = _AllowlistUnpickler(io.BytesIO(base64.b64decode(handles))).load()
+        if not isinstance(handles, list):
+            raise ValueError(f"Deserialized data must be a list, got {type(handles).__name__}")
+    weights = {}
+    for name, (func, args) in handles:
+        args = list(args)
+        if len(args) > 6:  # a CUDA IPC handle: rebuilt on this worker's device
+            args[6] = device_id
+        weights[name] = func(*args)
+    return weights
 
 
 class WorkerExtension:
@@ -162,17 +210,7 @@ class WorkerExtension:
         uuid = get_device_uuid(self.device_id)
         if uuid not in ipc_handles:
             raise ValueError(f"Device UUID {uuid} not found in ipc_handles")
-        handles = ipc_handles[uuid]
-        if isinstance(handles, str):
-            handles = _RestrictedUnpickler(io.BytesIO(base64.b64decode(handles))).load()
-            if not isinstance(handles, list):
-                raise ValueError(f"Deserialized data must be a list, got {type(handles).__name__}")
-        weights = {}
-        for name, (func, args) in handles:
-            args = list(args)
-            if len(args) > 6:  # a CUDA IPC handle: rebuilt on this worker's device
-                args[6] = self.device_id
-            weights[name] = func(*args)
+        weights = rebuild_handles(ipc_handles[uuid], self.device_id)
         self.bucket_bytes.append(sum(t.numel() * t.element_size() for t in weights.values()))
         self.engine.model_engine.model_loader.reload(
             self.engine.model_engine.model, weights, allow_partial_loading=True
@@ -180,9 +218,12 @@ class WorkerExtension:
 
 
 class _WorkerBase:
-    def __init__(self, model: torch.nn.Module, device_id: int, enable_sleep: bool) -> None:
-        self.engine = _Engine(model)
+    def __init__(
+        self, model: torch.nn.Module, device_id: int, enable_sleep: bool, rank: int = 0, tp: int = 1
+    ) -> None:
+        self.engine = _Engine(model, rank, tp)
         self.device_id = device_id
+        self.rank, self.tp = rank, tp
         self.enable_sleep = enable_sleep
         self.asleep: set[str] = set()
         self.log: list[tuple[str, Any]] = []
@@ -222,67 +263,91 @@ def _import_path(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def sharded_copy(net: torch.nn.Module, rank: int, tp: int) -> torch.nn.Module:
+    """``net`` with every parameter replaced by TP rank ``rank``'s shard (tied parameters stay tied)."""
+    shard = copy.deepcopy(net)
+    new: dict[int, torch.nn.Parameter] = {}
+    for name, p in list(shard.named_parameters(remove_duplicate=False)):
+        if id(p) not in new:
+            dim = shard_dim(name, p, tp)
+            data = p.detach() if dim is None else p.detach().chunk(tp, dim)[rank].clone()
+            new[id(p)] = torch.nn.Parameter(data, requires_grad=False)
+        module_path, _, leaf = name.rpartition(".")
+        setattr(shard.get_submodule(module_path), leaf, new[id(p)])
+    return shard
+
+
 class LLM:
-    def __init__(
-        self,
-        model: str,
-        *,
-        backend: str = "pytorch",
-        load_format: str = "auto",
-        tensor_parallel_size: int = 1,
-        dtype: str = "auto",
-        kv_cache_config: KvCacheConfig | None = None,
-        max_batch_size: int = 2048,
-        max_seq_len: int | None = None,
-        orchestrator_type: str | None = None,
-        ray_worker_extension_cls: str | None = None,
-        enable_sleep: bool = False,
-    ) -> None:
+    def __init__(self, model: str, **kwargs: Any) -> None:
+        unknown = set(kwargs) - (SURFACE.llm_keywords - {"model"})
+        if unknown:  # the real args model is strict: an unknown field is a validation error
+            raise TypeError(
+                f"LLM got unexpected keyword argument(s) {sorted(unknown)} (TensorRT-LLM {__version__} fake)"
+            )
+        backend = kwargs.get("backend", "pytorch")
+        load_format = kwargs.get("load_format", "auto")
+        tp = kwargs.get("tensor_parallel_size", 1)
+        dtype = kwargs.get("dtype", "auto")
+        sampler_type = kwargs.get("sampler_type", "auto")
+        enable_sleep = bool(kwargs.get(SURFACE.sleep_keyword, False))
         if backend != "pytorch":
             raise ValueError(f"fake LLM: backend {backend!r}")
         if load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format {load_format!r}")
-        if ray_worker_extension_cls is not None and orchestrator_type != "ray":
+        if sampler_type not in SAMPLERS:
+            raise ValueError(f"sampler_type {sampler_type!r} not in {SAMPLERS}")
+        if kwargs.get("ray_worker_extension_cls") is not None and kwargs.get("orchestrator_type") != "ray":
             raise ValueError("ray_worker_extension_cls needs orchestrator_type='ray'")
-        self.init_kwargs = {
-            "load_format": load_format,
-            "tensor_parallel_size": tensor_parallel_size,
-            "kv_cache_config": kv_cache_config,
-            "max_batch_size": max_batch_size,
-            "max_seq_len": max_seq_len,
-            "enable_sleep": enable_sleep,
-        }
+        self.init_kwargs = dict(kwargs)
+        self.sampler_type = sampler_type
         config = AutoConfig.from_pretrained(model)
         torch_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
         torch_dtype = torch_dtype if dtype == "auto" else getattr(torch, dtype)
         if isinstance(torch_dtype, str):
             torch_dtype = getattr(torch, torch_dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.max_batch_size = max_batch_size
-        self.max_seq_len = max_seq_len or config.max_position_embeddings
-        ext = _import_path(ray_worker_extension_cls) if ray_worker_extension_cls else WorkerExtension
+        self.max_batch_size = kwargs.get("max_batch_size", 2048)
+        self.max_seq_len = kwargs.get("max_seq_len") or config.max_position_embeddings
+        # one engine-wide generator where the release ignores per-request seeds
+        self.generator = torch.Generator().manual_seed(0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(1000)
+            if load_format == "dummy":
+                self.net = AutoModelForCausalLM.from_config(config, dtype=torch_dtype).eval()
+            else:
+                self.net = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype).eval()
+        ext_path = kwargs.get("ray_worker_extension_cls")
+        ext = _import_path(ext_path) if ext_path else WorkerExtension
         worker_cls = type("FakeRayWorker", (ext, _WorkerBase), {})
-        self.workers = []
-        for rank in range(tensor_parallel_size):  # TP ranks as replicas (each with a full copy)
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(1000 + rank)
-                if load_format == "dummy":
-                    net = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-                else:
-                    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch_dtype)
-            self.workers.append(worker_cls(net.eval(), rank, enable_sleep))
+        self.workers = [
+            worker_cls(sharded_copy(self.net, rank, tp), rank, enable_sleep, rank=rank, tp=tp)
+            for rank in range(tp)
+        ]
         self.shut_down = False
 
     # --- collective RPC ------------------------------------------------------------------------
     def _collective_rpc(
         self, method: str, args: tuple = (), kwargs: dict | None = None, non_block: bool = False
     ) -> list[Any]:
+        if method not in SURFACE.rpc_methods:
+            raise AttributeError(f"the worker has no RPC method {method!r} (not in the release's table row)")
         return [getattr(w, method)(*args, **(kwargs or {})) for w in self.workers]
 
     def shutdown(self) -> None:
         self.shut_down = True
 
     # --- generation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def _gather(self) -> torch.nn.Module:
+        """The full model from the ranks' shards (the engine's all-gather)."""
+        shards = [dict(w.engine.model_engine.model.named_parameters()) for w in self.workers]
+        tp = len(self.workers)
+        for name, p in self.net.named_parameters():
+            dim = shard_dim(name, p, tp)
+            full = shards[0][name] if dim is None else torch.cat([s[name] for s in shards], dim)
+            p.copy_(full)
+        return self.net
+
     def generate(
         self, inputs: list[list[int]], sampling_params: SamplingParams, use_tqdm: bool = True
     ) -> list[RequestOutput]:
@@ -294,10 +359,13 @@ class LLM:
             raise ValueError(
                 f"SamplingParams.n ({sp.n}) should not exceed max_batch_size ({self.max_batch_size})"
             )
+        if sp.n > 1 and _is_greedy(sp) and not SURFACE.greedy_n_above_one:
+            raise ValueError("Greedy decoding in the LLM API does not allow multiple returns (n > 1)")
         if inputs and isinstance(inputs[0], int):
             inputs = [inputs]
         worker.log.append(("generate", len(inputs)))
-        return [self._one(i, list(p), sp, worker.engine.model_engine.model) for i, p in enumerate(inputs)]
+        model = self._gather()
+        return [self._one(i, list(p), sp, model) for i, p in enumerate(inputs)]
 
     @torch.no_grad()
     def _one(self, rid: int, prompt: list[int], sp: SamplingParams, model: torch.nn.Module) -> RequestOutput:
@@ -305,10 +373,14 @@ class LLM:
             raise ValueError(
                 f"prompt ({len(prompt)}) + max_tokens ({sp.max_tokens}) > max_seq_len ({self.max_seq_len})"
             )
-        gen = torch.Generator().manual_seed(sp.seed or 0)
+        if SURFACE.per_request_seed and sp.seed is not None:
+            gen = torch.Generator().manual_seed(sp.seed)
+        else:
+            gen = self.generator
         end_id = self.tokenizer.eos_token_id if sp.end_id is None else sp.end_id
         stop_ids = [self.tokenizer.encode(s, add_special_tokens=False) for s in _as_list(sp.stop)]
         temperature = 1.0 if sp.temperature is None else sp.temperature
+        processed = self.sampler_type == "TRTLLMSampler"
         # transformers >= 5.x names the KV cache `cache` (in and out); earlier ones `past_key_values`
         cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         outputs = []
@@ -318,13 +390,9 @@ class LLM:
             for _ in range(sp.max_tokens):
                 out = model(input_ids=step, use_cache=True, logits_to_keep=1, **{cache_kw: past})
                 logits, past = out.logits[0, -1].float(), getattr(out, cache_kw)
-                logp = (logits / temperature).log_softmax(-1)
-                tok = self._draw(logp, sp, gen)
-                top = torch.topk(logp, sp.logprobs or 1)
-                entry = {
-                    int(t): Logprob(float(v), r + 1) for r, (v, t) in enumerate(zip(top.values, top.indices))
-                }
-                entry.setdefault(tok, Logprob(float(logp[tok]), int((logp > logp[tok]).sum()) + 1))
+                scaled = (logits / temperature).log_softmax(-1)
+                tok = self._draw(scaled, sp, gen)
+                entry = _logprob_entry(scaled if processed else logits.log_softmax(-1), tok, sp, processed)
                 if tok == end_id and end_id != -1 and not sp.ignore_eos:
                     reason = "stop"
                     break
@@ -344,7 +412,7 @@ class LLM:
 
     @staticmethod
     def _draw(logp: torch.Tensor, sp: SamplingParams, gen: torch.Generator) -> int:
-        if sp.top_k == 1 or sp.temperature == 0:
+        if _is_greedy(sp):
             return int(logp.argmax())
         keep = torch.ones_like(logp, dtype=torch.bool)
         if sp.top_k:
@@ -355,6 +423,20 @@ class LLM:
             keep &= torch.zeros_like(keep).scatter(0, order, before < sp.top_p)
         probs = logp.masked_fill(~keep, float("-inf")).softmax(-1)
         return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def _is_greedy(sp: SamplingParams) -> bool:
+    return sp.top_k == 1 or sp.temperature == 0
+
+
+def _logprob_entry(logp: torch.Tensor, tok: int, sp: SamplingParams, processed: bool) -> dict[int, Logprob]:
+    """TRTLLMSampler: the sampled token's log-prob; TorchSampler (1.2): the top-``logprobs`` tokens of
+    the raw distribution only (the sampled token appears when it is among them)."""
+    rank = int((logp > logp[tok]).sum()) + 1
+    if processed:
+        return {tok: Logprob(float(logp[tok]), rank)}
+    top = torch.topk(logp, sp.logprobs or 1)
+    return {int(t): Logprob(float(v), r + 1) for r, (v, t) in enumerate(zip(top.values, top.indices))}
 
 
 def _as_list(stop: str | list[str] | None) -> list[str]:
@@ -370,13 +452,19 @@ def _strip_stop(toks: list[int], lps: list, stop_token_ids: list[int], stop_ids:
     return toks, lps
 
 
-def install(monkeypatch) -> types.ModuleType:
+def install(monkeypatch, release: str = "1.2", surface: ReleaseSurface | None = None) -> types.ModuleType:
     """Put this fake in ``sys.modules`` as ``tensorrt_llm`` (and the submodules the backend and the
-    worker extension import) for one test; returns the fake ``tensorrt_llm`` module."""
+    worker extension import) for one test, imitating ``release`` (a row of ``RELEASES``), or
+    ``surface``, a changed row that then stands in the table for the test (the backend reads it too);
+    returns the fake ``tensorrt_llm`` module."""
     me = sys.modules[__name__]
+    surface = surface or RELEASES[release]
+    monkeypatch.setitem(RELEASES, surface.release, surface)  # the backend reads the same row
+    monkeypatch.setattr(me, "SURFACE", surface)
+    monkeypatch.setattr(me, "__version__", surface.pinned)
     root = types.ModuleType("tensorrt_llm")
     root.__dict__.update(
-        LLM=LLM, SamplingParams=SamplingParams, __version__=__version__, IS_FAKE=True, fake=me
+        LLM=LLM, SamplingParams=SamplingParams, __version__=surface.pinned, IS_FAKE=True, fake=me
     )
     llmapi = types.ModuleType("tensorrt_llm.llmapi")
     llmapi.__dict__.update(LLM=LLM, SamplingParams=SamplingParams, KvCacheConfig=KvCacheConfig)

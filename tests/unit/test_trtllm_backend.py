@@ -59,11 +59,23 @@ def test_engine_starts_dummy_with_the_refit_extension_and_is_refitted_once(trt, 
     assert (
         kw["kv_cache_config"].free_gpu_memory_fraction == 0.3 and not kw["kv_cache_config"].enable_block_reuse
     )
+    assert kw["sampler_type"] == "TRTLLMSampler"  # log-probs of the temperature-scaled distribution
     assert b.version == 0
-    for w in b.llm.workers:  # every TP rank got every weight and one finalise
+    full = policy.model.state_dict()
+    shards = [dict(w.engine.model_engine.model.named_parameters()) for w in b.llm.workers]
+    for w in b.llm.workers:  # every TP rank loaded its shard of every weight and finalised once
         assert type(w).__mro__[1].__name__ == "RefitWorkerExtension" and w.finalized == 1
-        for name, p in w.engine.model_engine.model.state_dict().items():
-            torch.testing.assert_close(p, policy.model.state_dict()[name], rtol=0, atol=0)
+    sharded = 0
+    for name, p in dict(policy.model.named_parameters()).items():
+        dim = fake.shard_dim(name, p, 2)
+        if dim is None:  # replicated: the whole tensor on each rank
+            for s in shards:
+                torch.testing.assert_close(s[name], full[name], rtol=0, atol=0)
+        else:  # the ranks' halves make the whole
+            sharded += 1
+            assert shards[0][name].shape[dim] == p.shape[dim] // 2
+            torch.testing.assert_close(torch.cat([s[name] for s in shards], dim), full[name], rtol=0, atol=0)
+    assert sharded > 5
     assert b.refit_metrics["generation/probe_logprob_gap"] < 1e-4
 
 
@@ -156,8 +168,10 @@ def _perturb_layer(monkeypatch, prefix: str) -> None:
     monkeypatch.setattr(fake.ModelLoader, "reload", reload)
 
 
-def test_a_corrupted_layer_is_named_by_the_refit_guard(trt, policy, tiny_model_path, monkeypatch):
-    b = _backend(policy, tiny_model_path)
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_corrupted_layer_is_named_by_the_refit_guard(trt, policy, tiny_model_path, monkeypatch, tp):
+    """TP=2: each rank holds shards, so the guard adds the ranks' shard checksums up per layer."""
+    b = _backend(policy, tiny_model_path, tensor_parallel_size=tp)
     _perturb_layer(monkeypatch, "model.layers.1.")
     with pytest.raises(RefitError, match=r"first bad layer: model\.layers\.1 \(its engine weights"):
         b.sync_weights(policy)
@@ -390,7 +404,7 @@ def test_a_refit_rpc_that_never_answers_times_out(trt, policy, tiny_model_path):
     w.update_weights = lambda ipc_handles=None: never.wait()
     try:
         with pytest.raises(
-            RefitError, match=r"bucket 1 .*did not answer update_weights within .*rpc_timeout_s=0.2 s"
+            RefitError, match=r"bucket 1 .*did not answer update_weights_checked within .*rpc_timeout_s=0.2 s"
         ):
             b.sync_weights(policy)
         with pytest.raises(RefitError, match="did not answer"):
@@ -475,16 +489,15 @@ def test_weights_go_to_the_gpus_the_ranks_report_not_rank_r_on_gpu_r(
     """Ray placed the two ranks on GPUs 3 and 2: the handles are keyed by the UUIDs the ranks report."""
     real_init = fake._WorkerBase.__init__
 
-    def placed(self, model, device_id, enable_sleep):
-        real_init(self, model, 3 - device_id, enable_sleep)
+    def placed(self, model, device_id, enable_sleep, **shard):
+        real_init(self, model, 3 - device_id, enable_sleep, **shard)
 
     monkeypatch.setattr(fake._WorkerBase, "__init__", placed)
     b = _backend(policy, tiny_model_path, tensor_parallel_size=2)
     assert b._rank_uuids == ["FAKE-GPU-3", "FAKE-GPU-2"]
-    for w in b.llm.workers:  # each rank found its own handles and loaded every weight
-        assert w.finalized == 1
-        for name, p in w.engine.model_engine.model.state_dict().items():
-            torch.testing.assert_close(p, policy.model.state_dict()[name], rtol=0, atol=0)
+    for w in b.llm.workers:  # each rank found its own handles and loaded them
+        assert w.finalized == 1 and len(w.bucket_bytes) == b.refit_metrics["generation/refit_buckets"]
+    assert b.refit_metrics["generation/probe_logprob_gap"] < 1e-4
 
 
 def test_a_rank_gpu_the_trainer_cannot_see_is_one_config_error(trt, policy, tiny_model_path, monkeypatch):
@@ -503,3 +516,186 @@ def test_a_rank_gpu_the_trainer_cannot_see_is_one_config_error(trt, policy, tiny
     assert b._local_device(visible[1]) == torch.device("cuda", 1)
     with pytest.raises(ConfigError, match=r"GPU-ffff.* which this trainer process does not see"):
         b._local_device("GPU-ffff0000-0000-0000-0000-000000000009")
+
+
+# --- what the real release does that a loose fake hid (issue: TensorRT-LLM fidelity) ------------------
+
+
+def _surface(**changes):
+    import dataclasses
+
+    from nemo_azr.rollout.trtllm_api import RELEASES
+
+    return dataclasses.replace(RELEASES["1.2"], **changes)
+
+
+def test_the_default_sampler_raw_logprobs_fail_the_probe_at_the_rollout_temperature(
+    policy, tiny_model_path, monkeypatch
+):
+    """1.2's TorchSampler returns log-probs of the raw logits (and only the top-1 token's): a backend
+    that kept the default sampler would stop at its first probe, not train on wrong log-probs."""
+    from nemo_azr.rollout.trtllm_backend import TRTLLMGenerationBackend
+
+    fake.install(monkeypatch, surface=_surface(sampler_type="TorchSampler"))
+    cfg = NemoAzrConfig().generation
+    cfg.backend, cfg.temperature = "trtllm", 0.7
+    with pytest.raises(RefitError, match="miss the sampled token|probe log-probs differ"):
+        TRTLLMGenerationBackend(policy.model, load_tokenizer(tiny_model_path), cfg=cfg)
+
+
+def test_the_probe_runs_at_the_rollout_temperature(trt, policy, tiny_model_path, monkeypatch):
+    from nemo_azr.rollout.trtllm_backend import TRTLLMGenerationBackend
+
+    seen = []
+    real = fake.LLM.generate
+
+    def generate(self, inputs, sampling_params, use_tqdm=True):
+        seen.append(sampling_params.temperature)
+        return real(self, inputs, sampling_params, use_tqdm)
+
+    monkeypatch.setattr(fake.LLM, "generate", generate)
+    cfg = NemoAzrConfig().generation
+    cfg.backend, cfg.temperature = "trtllm", 0.6
+    b = TRTLLMGenerationBackend(policy.model, load_tokenizer(tiny_model_path), cfg=cfg)
+    assert seen == [0.6] and b.refit_metrics["generation/probe_logprob_gap"] < 1e-4
+
+
+def test_no_per_request_seed_where_the_release_ignores_it(policy, tiny_model_path, monkeypatch):
+    fake.install(monkeypatch)
+    b = _backend(policy, tiny_model_path)
+    assert b._sampling(SamplingParams(n=2, temperature=0.7)).seed is None
+    fake.install(monkeypatch, surface=_surface(per_request_seed=True))
+    b = _backend(policy, tiny_model_path)
+    assert b._sampling(SamplingParams(n=2, temperature=0.7)).seed is not None
+
+
+def test_greedy_with_several_samples_is_sent_once_where_the_release_refuses_it(trt, policy, tiny_model_path):
+    b = _backend(policy, tiny_model_path)
+    prompt = _tiny_request(tiny_model_path)
+    with pytest.raises(ValueError, match="does not allow multiple returns"):  # the engine itself refuses
+        b.llm.generate([prompt[0].prompt_ids], fake.SamplingParams(n=3, top_k=1, max_tokens=3, logprobs=1))
+    (out,) = b.generate(prompt, SamplingParams(n=3, max_new_tokens=3, greedy=True))
+    assert len(out.samples) == 3 and len({tuple(s.token_ids) for s in out.samples}) == 1
+    assert out.samples[0] is not out.samples[1]
+
+
+def test_the_api_the_backend_uses_is_the_release_rows(trt, policy, tiny_model_path, monkeypatch):
+    """Every LLM keyword, SamplingParams field and RPC the backend uses is in the release's row of
+    trtllm_api.RELEASES (the fake refuses anything else), so a version bump shows what changed."""
+    import dataclasses
+
+    from nemo_azr.rollout.trtllm_api import RELEASES
+
+    row = RELEASES["1.2"]
+    rpcs = []
+    real_rpc = fake.LLM._collective_rpc
+
+    def rpc(self, method, args=(), kwargs=None, non_block=False):
+        rpcs.append(method)
+        return real_rpc(self, method, args, kwargs, non_block)
+
+    monkeypatch.setattr(fake.LLM, "_collective_rpc", rpc)
+    b = _backend(policy, tiny_model_path, max_seq_len=64)
+    assert set(b.llm.init_kwargs) | {"model"} <= row.llm_keywords
+    b.release()
+    b.sync_weights(policy)
+    assert set(rpcs) <= row.rpc_methods and {"update_weights_checked", "sleep", "wakeup"} <= set(rpcs)
+    defaults = fake.SamplingParams()
+    for sp in (
+        SamplingParams(n=2, temperature=0.7, top_p=0.9, top_k=5, max_new_tokens=4, stop_strings=("x",)),
+        SamplingParams(n=1, max_new_tokens=4, greedy=True),
+    ):
+        made = b._sampling(sp)
+        used = {
+            f.name for f in dataclasses.fields(made) if getattr(made, f.name) != getattr(defaults, f.name)
+        }
+        assert used <= row.sampling_fields, used - row.sampling_fields
+
+
+def test_an_unlisted_release_or_argument_is_one_config_error(policy, tiny_model_path, monkeypatch):
+    from nemo_azr.rollout.trtllm_api import release_surface
+
+    assert release_surface("1.2.1").pinned == "1.2.1" and release_surface("1.2.0rc3+abc").release == "1.2"
+    with pytest.raises(
+        ConfigError, match=r"TensorRT-LLM 1\.3\.0rc7 is not a release .*supported: 1\.2 \(pinned 1\.2\.1\)"
+    ):
+        release_surface("1.3.0rc7")
+    trt = fake.install(monkeypatch)
+    monkeypatch.setattr(trt, "__version__", "1.4.0")
+    with pytest.raises(ConfigError, match="1.4.0 is not a release"):
+        _backend(policy, tiny_model_path)
+    fake.install(monkeypatch, surface=_surface(llm_keywords=RELEASES_12_WITHOUT_SAMPLER))
+    with pytest.raises(
+        ConfigError, match=r"TensorRT-LLM 1\.2 does not take LLM argument\(s\) \['sampler_type'\]"
+    ):
+        _backend(policy, tiny_model_path)
+
+
+RELEASES_12_WITHOUT_SAMPLER = frozenset(
+    {
+        "model",
+        "backend",
+        "load_format",
+        "tensor_parallel_size",
+        "dtype",
+        "kv_cache_config",
+        "max_batch_size",
+        "max_seq_len",
+        "orchestrator_type",
+        "ray_worker_extension_cls",
+        "enable_sleep",
+    }
+)
+
+
+def test_a_payload_naming_anything_but_torch_is_refused(trt, policy, tiny_model_path):
+    import base64
+    import os
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("true",))
+
+    payload = {fake.get_device_uuid(0): base64.b64encode(pickle.dumps([("x", Evil())])).decode()}
+    b = _backend(policy, tiny_model_path)
+    w = _worker(b)
+    with pytest.raises(pickle.UnpicklingError):  # the library's unpickler (the fake's) ...
+        w.update_weights(payload)
+    with pytest.raises(pickle.UnpicklingError, match="refusing to unpickle"):  # ... and the extension's
+        w.update_weights_checked(payload, {"x": (0.0, 0.0)})
+
+
+def test_a_bucket_that_arrives_corrupted_is_refused_by_the_rank_before_it_loads(
+    trt, policy, tiny_model_path, monkeypatch
+):
+    """The memory a handle resolves to is not what the trainer sent (stale or overwritten): the rank
+    compares checksums, loads nothing of that bucket, and the refit stops naming bucket and tensor."""
+    import nemo_azr.rollout.trtllm_worker as worker_module
+
+    b = _backend(policy, tiny_model_path, refit_bucket_mb=0.05)
+    w = _worker(b)
+    real = worker_module._received
+    calls = []
+
+    def corrupted_in_bucket_2(handles, device_id):
+        tensors = real(handles, device_id)
+        calls.append([n for n, _ in tensors])
+        if len(calls) == 2:
+            name, tensor = tensors[0]
+            tensors[0] = (name, tensor + 1.0)  # the memory under the handle holds other values
+        return tensors
+
+    monkeypatch.setattr(worker_module, "_received", corrupted_in_bucket_2)
+    before = {n: p.detach().clone() for n, p in w.engine.model_engine.model.named_parameters()}
+    loaded_before = len(w.bucket_bytes)
+    with pytest.raises(
+        RefitError, match=r"bucket 2 .*update_weights_checked failed.*arrived with checksum"
+    ) as err:
+        b.sync_weights(policy)
+    assert calls[1][0] in str(err.value)
+    assert len(w.bucket_bytes) == loaded_before + 1  # bucket 1 loaded, bucket 2 refused before loading
+    for name in calls[1]:  # nothing of bucket 2 reached the engine's weights
+        torch.testing.assert_close(
+            w.engine.model_engine.model.state_dict()[name], before[name], rtol=0, atol=0
+        )
