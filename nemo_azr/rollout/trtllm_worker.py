@@ -79,20 +79,23 @@ class RefitWorkerExtension(WorkerExtension):
         """``update_weights(ipc_handles)`` once every tensor of this rank's entry has the float64
         (sum, sum of squares) the trainer computed of what it sent; a mismatch raises naming the
         tensor, before any of the bucket is loaded."""
-        handles = ipc_handles.get(self.device_uuid())
+        uuid = self.device_uuid()
+        handles = ipc_handles.get(uuid)
         if handles is None:
-            raise ValueError(f"no weights for this rank's GPU {self.device_uuid()} in the payload")
+            raise ValueError(f"rank on GPU {uuid}: no weights for its GPU in the payload")
         received = _received(handles, self.device_id)
         missing = sorted(set(expected) - {name for name, _ in received})
         if missing:
-            raise ValueError(f"the bucket lacks {len(missing)} tensor(s) the trainer sent: {missing[:3]}")
+            raise ValueError(
+                f"rank on GPU {uuid}: the bucket lacks {len(missing)} tensor(s) the trainer sent: {missing[:3]}"
+            )
         for name, tensor in received:
             t = tensor.double()
             got = (float(t.sum()), float((t * t).sum()))
             want = expected[name]
             if not (_close(got[0], want[0]) and _close(got[1], want[1])):
                 raise ValueError(
-                    f"tensor {name} arrived with checksum (sum {got[0]:.6g}, sum of squares {got[1]:.6g}), "
+                    f"rank on GPU {uuid}: tensor {name} arrived with checksum (sum {got[0]:.6g}, sum of squares {got[1]:.6g}), "
                     f"the trainer sent (sum {want[0]:.6g}, sum of squares {want[1]:.6g})"
                 )
         self.update_weights(ipc_handles)
