@@ -80,22 +80,28 @@ class RefitWorkerExtension(WorkerExtension):
         (sum, sum of squares) the trainer computed of what it sent; a mismatch raises naming the
         tensor, before any of the bucket is loaded."""
         uuid = self.device_uuid()
+        try:
+            self._check_and_load(uuid, ipc_handles, expected)
+        except Exception as exc:  # named by rank: the collective RPC does not say which rank raised
+            raise RuntimeError(f"rank on GPU {uuid}: {type(exc).__name__}: {exc}") from exc
+
+    def _check_and_load(
+        self, uuid: str, ipc_handles: dict[str, Any], expected: dict[str, tuple[float, float]]
+    ) -> None:
         handles = ipc_handles.get(uuid)
         if handles is None:
-            raise ValueError(f"rank on GPU {uuid}: no weights for its GPU in the payload")
+            raise ValueError("no weights for its GPU in the payload")
         received = _received(handles, self.device_id)
         missing = sorted(set(expected) - {name for name, _ in received})
         if missing:
-            raise ValueError(
-                f"rank on GPU {uuid}: the bucket lacks {len(missing)} tensor(s) the trainer sent: {missing[:3]}"
-            )
+            raise ValueError(f"the bucket lacks {len(missing)} tensor(s) the trainer sent: {missing[:3]}")
         for name, tensor in received:
             t = tensor.double()
             got = (float(t.sum()), float((t * t).sum()))
             want = expected[name]
             if not (_close(got[0], want[0]) and _close(got[1], want[1])):
                 raise ValueError(
-                    f"rank on GPU {uuid}: tensor {name} arrived with checksum (sum {got[0]:.6g}, sum of squares {got[1]:.6g}), "
+                    f"tensor {name} arrived with checksum (sum {got[0]:.6g}, sum of squares {got[1]:.6g}), "
                     f"the trainer sent (sum {want[0]:.6g}, sum of squares {want[1]:.6g})"
                 )
         self.update_weights(ipc_handles)

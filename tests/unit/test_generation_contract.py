@@ -36,7 +36,8 @@ DEVICE = "cuda" if REAL_TRTLLM else "cpu"
 LOGPROB_ATOL = 5e-2 if REAL_TRTLLM else 1e-4
 TEMPERATURE = 0.7
 QUESTIONS = ("What is 1 + 2?", "Hi", "What is 7 + 8?")
-BACKENDS = ["hf", "trtllm", "megatron", "trtllm_megatron"]
+#: trtllm_tp2: an engine of two TP ranks, each holding its shard of every weight (the fake all-gathers)
+BACKENDS = ["hf", "trtllm", "trtllm_tp2", "megatron", "trtllm_megatron"]
 
 
 def _megatron_available() -> bool:
@@ -68,6 +69,8 @@ def _config(name: str) -> NemoAzrConfig:
     # a real engine without float32 kernels: NEMO_AZR_TRTLLM_DTYPE=bfloat16 (scripts/gpu_check.sh)
     cfg.generation.trtllm.dtype = os.environ.get("NEMO_AZR_TRTLLM_DTYPE", "auto")
     cfg.generation.trtllm.kv_cache_free_gpu_memory_fraction = 0.2
+    if name == "trtllm_tp2":
+        cfg.generation.trtllm.tensor_parallel_size = 2
     cfg.optim.lr = 0.05
     cfg.algorithm.micro_batch_size = 8
     if name.endswith("megatron"):
@@ -290,7 +293,7 @@ def test_copy_holding_backends_start_from_the_given_weights(harness):
     greedy = SamplingParams(max_new_tokens=6, greedy=True)
     with pytest.MonkeyPatch.context() as mp:
         kwargs = {}
-        if h.name == "trtllm":
+        if h.name.startswith("trtllm"):
             from tests.fakes import fake_tensorrt_llm
 
             fake_tensorrt_llm.install(mp)
