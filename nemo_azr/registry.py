@@ -53,6 +53,7 @@ class Registry(Generic[T]):
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 POLICY_LOSSES: Registry = Registry("policy loss")
+PREFERENCE_LOSSES: Registry = Registry("preference loss")
 REWARD_FUNCTIONS: Registry = Registry("reward function")
 ENVIRONMENTS: Registry = Registry("environment")
 GENERATION_BACKENDS: Registry = Registry("generation backend")
