@@ -27,6 +27,8 @@ SAMPLING_TEMPERATURE = "sampling_temperature"
 TOKEN_REWARDS = "token_rewards"
 ADVANTAGES = "advantages"
 RETURNS = "returns"
+#: [B] preference data: 1 = chosen / desirable response, 0 = rejected / undesirable
+PREFERENCE_LABEL = "preference_label"
 
 #: Tensors whose second dimension is the sequence; ``Batch.concat`` right-pads them to one length.
 TOKEN_LEVEL_KEYS = frozenset(
@@ -56,6 +58,7 @@ QUESTION_ID = "question_id"
 POLICY_VERSION = "policy_version"
 PROMPT_TEXT = "prompt_text"
 RESPONSE_TEXT = "response_text"
+PAIR_ID = "pair_id"  # preference pairs: the chosen and the rejected row of one pair share it
 
 
 class Role(str, Enum):
