@@ -86,6 +86,8 @@ def harness(request, tiny_model_path):
         pytest.skip("megatron-core is not installed")
     if REAL_TRTLLM and not name.startswith("trtllm"):
         pytest.skip("NEMO_AZR_TRTLLM=real runs the trtllm backends only")
+    if REAL_TRTLLM and name == "trtllm_tp2" and torch.cuda.device_count() < 2:
+        pytest.skip("a TP=2 engine needs two GPUs")
     cfg = _config(name)
     tok = load_tokenizer(tiny_model_path)
     with pytest.MonkeyPatch.context() as mp, torch.random.fork_rng(devices=[]):
