@@ -93,3 +93,14 @@ class Workflow(Protocol):
     generating through ``backend`` only."""
 
     def run(self, examples: list[Any], backend: Any, sampling: Any, *, step: int) -> Any: ...
+
+
+@runtime_checkable
+class PreferencePolicy(Protocol):
+    """A policy backend that trains a paired preference loss (seed 004 class 5: DPO, IPO):
+    ``preference_step(batch, loss=, beta=, label_smoothing=)`` does one optimizer step over the
+    batch's pairs and returns ``preference/*`` metrics (docs/algorithms.md)."""
+
+    def preference_step(
+        self, batch: Any, *, loss: str, beta: float, label_smoothing: float = 0.0
+    ) -> dict[str, float]: ...

@@ -29,6 +29,7 @@ from nemo_azr.models.training.microbatch import trim_padding
 from nemo_azr.models.training.optim import build_optimizer
 from nemo_azr.models.training.packing import packed_decoder_forward
 from nemo_azr.models.training.ppo_update import PPOUpdateMixin, in_loss_rollout_logprobs
+from nemo_azr.models.training.preference_update import PreferenceUpdateMixin
 from nemo_azr.models.training.shared_prefix import shared_prefix_decoder_forward, shared_prefix_width
 from nemo_azr.registry import POLICY_BACKENDS
 from nemo_azr.utils.precision import resolve_low_precision
@@ -106,7 +107,7 @@ def forward_layout(model_cfg) -> dict[str, bool]:
 
 
 @POLICY_BACKENDS.register("hf")
-class HFPolicy(PPOUpdateMixin):
+class HFPolicy(PPOUpdateMixin, PreferenceUpdateMixin):
     """Trainable (actor) or frozen (reference) transformers causal LM."""
 
     def __init__(
