@@ -1,0 +1,134 @@
+"""Preference pairs: JSONL in and out, pairs generated from the arithmetic task or from scored
+replies, and the preference batch (``nemo_azr/contracts/preference.py``) built from them.
+
+A pair file has one JSON object per line: ``prompt``, ``chosen`` and ``rejected`` (the user's message
+and two assistant replies), and an optional ``id``. Every problem in a file is a :class:`DataError`
+naming the line, as for the question/answer files (``tasks/jsonl.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from nemo_azr.contracts import Batch
+from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.assemble import pack_prompt_response
+from nemo_azr.contracts.task import Example
+from nemo_azr.errors import DataError
+from nemo_azr.rollout.single_turn import encode_prompt
+
+__all__ = [
+    "PreferencePair",
+    "arithmetic_pairs",
+    "load_pairs_jsonl",
+    "pairs_from_scored_replies",
+    "pairs_to_batch",
+    "write_pairs_jsonl",
+]
+
+PAIR_FIELDS = ("prompt", "chosen", "rejected")
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    id: str
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+def load_pairs_jsonl(path: str | Path) -> list[PreferencePair]:
+    """Read and check a pair file; every problem is a :class:`DataError` naming the line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(f"preference pairs {str(file)!r} does not exist or is not a file")
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {str(file)!r} as UTF-8 text: {exc}") from exc
+    pairs, seen = [], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{file}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with {', '.join(PAIR_FIELDS)}")
+        missing = [k for k in PAIR_FIELDS if not isinstance(row.get(k), str) or not row[k].strip()]
+        if missing:
+            raise DataError(f"{where}: missing or empty text field(s) {missing}")
+        if row["chosen"].strip() == row["rejected"].strip():
+            raise DataError(f"{where}: chosen and rejected are the same reply; a pair must differ")
+        pair_id = str(row.get("id", f"line{number}"))
+        if pair_id in seen:
+            raise DataError(f"{where}: duplicate id {pair_id!r}")
+        seen.add(pair_id)
+        pairs.append(PreferencePair(pair_id, row["prompt"], row["chosen"], row["rejected"]))
+    if not pairs:
+        raise DataError(
+            f"{file} has no pairs; expected one JSON object per line with {', '.join(PAIR_FIELDS)}"
+        )
+    return pairs
+
+
+def write_pairs_jsonl(pairs: Sequence[PreferencePair], path: str | Path) -> None:
+    """One JSON object per pair (``id``, ``prompt``, ``chosen``, ``rejected``)."""
+    file = Path(path).expanduser()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs), encoding="utf-8")
+
+
+def arithmetic_pairs(examples: Sequence[Example], *, seed: int = 0) -> list[PreferencePair]:
+    """For each arithmetic problem: the right answer as a bare number (chosen) against a near miss,
+    the answer off by 1 to 3 and never negative (rejected), as the task's replies are read."""
+    rng = random.Random(seed)
+    pairs = []
+    for ex in examples:
+        gold = int(ex.answer)
+        wrong = gold
+        while wrong == gold or wrong < 0:
+            wrong = gold + rng.choice((-3, -2, -1, 1, 2, 3))
+        pairs.append(PreferencePair(ex.prompt_id, ex.question, str(gold), str(wrong)))
+    return pairs
+
+
+def pairs_from_scored_replies(
+    pair_id: str, prompt: str, replies: Sequence[str], rewards: Sequence[float], *, seed: int = 0
+) -> PreferencePair | None:
+    """One pair from a prompt's sampled replies ranked by the rule reward: a best-rewarded reply
+    against a worst one (drawn at random among ties); None when every reward is the same."""
+    if len(replies) != len(rewards):
+        raise ValueError(f"{len(replies)} replies but {len(rewards)} rewards")
+    if not replies or max(rewards) == min(rewards):
+        return None
+    rng = random.Random(seed)
+    best = [r for r, w in zip(replies, rewards) if w == max(rewards)]
+    worst = [r for r, w in zip(replies, rewards) if w == min(rewards)]
+    return PreferencePair(pair_id, prompt, rng.choice(best), rng.choice(worst))
+
+
+def pairs_to_batch(pairs: Sequence[PreferencePair], tokenizer) -> Batch:
+    """Two rows per pair (chosen, rejected): the chat-template prompt, the reply and EOS (trained),
+    ``preference_label`` 1 / 0 and a shared ``pair_id``."""
+    prompts, responses, labels, pair_ids = [], [], [], []
+    eos = tokenizer.eos_token_id
+    for pair in pairs:
+        prompt = encode_prompt(tokenizer, [{"role": "user", "content": pair.prompt}])
+        for reply, label in ((pair.chosen, 1), (pair.rejected, 0)):
+            prompts.append(prompt)
+            responses.append([*tokenizer(reply, add_special_tokens=False)["input_ids"], eos])
+            labels.append(label)
+            pair_ids.append(pair.id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    batch = Batch(pack_prompt_response(prompts, responses, None, pad_id=pad), {F.PAIR_ID: pair_ids})
+    batch[F.PREFERENCE_LABEL] = torch.tensor(labels)
+    return batch

@@ -1,0 +1,87 @@
+"""Preference pairs: JSONL round trip and errors naming the line, arithmetic pairs scored by the
+task's own reader, pairs from scored replies, and the batch they make."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nemo_azr.config.schema import DataConfig
+from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.preference import pair_rows, validate_preference_batch
+from nemo_azr.errors import DataError
+from nemo_azr.models.tiny import load_tokenizer
+from nemo_azr.tasks.arithmetic import ArithmeticTask
+from nemo_azr.tasks.preference_data import (
+    PreferencePair,
+    arithmetic_pairs,
+    load_pairs_jsonl,
+    pairs_from_scored_replies,
+    pairs_to_batch,
+    write_pairs_jsonl,
+)
+
+
+def test_pairs_round_trip_through_jsonl(tmp_path):
+    pairs = [PreferencePair("a", "What is 1 + 1?", "2", "3"), PreferencePair("b", "Hi", "Hello!", "...")]
+    write_pairs_jsonl(pairs, tmp_path / "p.jsonl")
+    assert load_pairs_jsonl(tmp_path / "p.jsonl") == pairs
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{not json", "p.jsonl:2: not valid JSON"),
+        (
+            json.dumps({"prompt": "q", "chosen": "a"}),
+            r"p.jsonl:2: missing or empty text field\(s\) \['rejected'\]",
+        ),
+        (
+            json.dumps({"prompt": "q", "chosen": "a", "rejected": " a "}),
+            "p.jsonl:2: chosen and rejected are the same",
+        ),
+        (
+            json.dumps({"id": "x", "prompt": "q", "chosen": "a", "rejected": "b"}),
+            "p.jsonl:2: duplicate id 'x'",
+        ),
+    ],
+)
+def test_a_bad_pair_file_names_the_line(tmp_path, line, message):
+    good = json.dumps({"id": "x", "prompt": "q", "chosen": "a", "rejected": "b"})
+    (tmp_path / "p.jsonl").write_text(good + "\n" + line + "\n")
+    with pytest.raises(DataError, match=message):
+        load_pairs_jsonl(tmp_path / "p.jsonl")
+
+
+def test_arithmetic_pairs_are_right_against_a_near_miss_by_the_tasks_reader():
+    cfg = DataConfig()
+    cfg.arithmetic.operations = ["+", "-"]
+    cfg.arithmetic.nonnegative = True
+    task = ArithmeticTask(cfg)
+    examples = task.examples[:200]
+    pairs = arithmetic_pairs(examples, seed=3)
+    assert [p.id for p in pairs] == [e.prompt_id for e in examples]
+    for ex, pair in zip(examples, pairs):
+        assert task.reward(ex, pair.chosen) == 1.0 and task.reward(ex, pair.rejected) == 0.0
+        assert 1 <= abs(int(pair.rejected) - int(ex.answer)) <= 3 and int(pair.rejected) >= 0
+    assert arithmetic_pairs(examples, seed=3) == pairs  # seeded
+
+
+def test_pairs_from_scored_replies_take_a_best_and_a_worst():
+    pair = pairs_from_scored_replies("p", "q", ["a", "b", "c"], [0.0, 1.0, 0.5])
+    assert (pair.chosen, pair.rejected) == ("b", "a")
+    assert pairs_from_scored_replies("p", "q", ["a", "b"], [1.0, 1.0]) is None
+
+
+def test_pairs_make_a_valid_preference_batch(tiny_model_path):
+    tok = load_tokenizer(tiny_model_path)
+    pairs = [PreferencePair("a", "What is 1 + 1?", "2", "3"), PreferencePair("b", "Hi", "Hello", "Go away")]
+    batch = pairs_to_batch(pairs, tok)
+    validate_preference_batch(batch, paired=True)
+    chosen, rejected = pair_rows(batch)
+    assert chosen.tolist() == [0, 2] and rejected.tolist() == [1, 3]
+    assert batch.meta[F.PAIR_ID] == ["a", "a", "b", "b"]
+    # the trained tokens are the reply and EOS, never the prompt
+    row = batch[F.INPUT_IDS][1][batch[F.LOSS_MASK][1] > 0].tolist()
+    assert row == [*tok("3", add_special_tokens=False)["input_ids"], tok.eos_token_id]
