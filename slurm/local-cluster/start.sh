@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Start a one-node SLURM cluster on this Debian machine, for development and CI (root, no systemd).
+# Start a SLURM cluster of one or more nodes on this Debian machine, for development and CI (root,
+# no systemd).
 #
 #   bash slurm/local-cluster/start.sh [STATE_DIR]      # default: $NEMO_AZR_SLURM_DIR or /tmp/nemo-azr-slurm
+#   NEMO_AZR_SLURM_NODES=2 bash slurm/local-cluster/start.sh   # two nodes on this one machine
 #   export SLURM_CONF=STATE_DIR/slurm.conf              # printed on the last line; sbatch/squeue need it
+#
+# One node (the default) is this host under its own name. N > 1 nodes are named nemo1..nemoN, each
+# its own slurmd (slurmd -N nodeN) on its own port, all reached over loopback: every node gets this
+# machine's CPU and memory shape (SlurmdParameters=config_overrides lets the nodes share the
+# hardware), so a job of 2 tasks per node on 2 nodes runs 4 processes on the real cores.
 #
 # Installs slurmctld, slurmd, slurm-client and munge with apt when missing (quiet, idempotent;
 # NEMO_AZR_SLURM_INSTALL=0 forbids it), writes slurm.conf and every state/spool/log/pid file under
@@ -16,13 +23,15 @@
 set -euo pipefail
 
 DIR=${1:-${NEMO_AZR_SLURM_DIR:-/tmp/nemo-azr-slurm}}
-PORT=${NEMO_AZR_SLURM_PORT:-6817}  # slurmctld port; slurmd uses PORT+1
+PORT=${NEMO_AZR_SLURM_PORT:-6817}  # slurmctld port; slurmd uses PORT+1 (node i of N: PORT+i)
+NODES=${NEMO_AZR_SLURM_NODES:-1}
 PARTITION=${NEMO_AZR_SLURM_PARTITION:-debug}
 URGENT=urgent  # a partition whose jobs preempt those of $PARTITION
 PACKAGES=(slurmctld slurmd slurm-client munge)
 
 die() { echo "start.sh: $*" >&2; exit "${2:-1}"; }
 [ "$(id -u)" = 0 ] || die "needs root (the daemons run as root here)"
+[[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "NEMO_AZR_SLURM_NODES must be a positive integer, got '$NODES'"
 
 have_binaries() { command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null
 if ! have_binaries; then
@@ -38,7 +47,20 @@ fi
 RUN=$DIR/run
 export SLURM_CONF=$DIR/slurm.conf
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-if alive "$RUN/slurmctld.pid" && alive "$RUN/slurmd.pid" && scontrol ping >/dev/null 2>&1; then
+HOST=$(hostname -s)
+if [ "$NODES" = 1 ]; then
+    NODE_NAMES=("$HOST")
+    NODE_LIST=$HOST
+else
+    NODE_NAMES=()
+    for i in $(seq "$NODES"); do NODE_NAMES+=("nemo$i"); done
+    NODE_LIST="nemo[1-$NODES]"
+fi
+pidfile() { [ "$NODES" = 1 ] && echo "$RUN/slurmd.pid" || echo "$RUN/slurmd-$1.pid"; }
+all_slurmd_alive() { for n in "${NODE_NAMES[@]}"; do alive "$(pidfile "$n")" || return 1; done; }
+if alive "$RUN/slurmctld.pid" && all_slurmd_alive && scontrol ping >/dev/null 2>&1; then
+    [ "$(sinfo -h -o %D -p "$PARTITION" 2>/dev/null | head -n1)" = "$NODES" ] \
+        || die "a cluster of another size is up in $DIR: stop it first (stop.sh $DIR)"
     echo "export SLURM_CONF=$SLURM_CONF"
     exit 0
 fi
@@ -50,11 +72,23 @@ chmod 0755 "$DIR/munge"
 [ -s /etc/munge/munge.key ] || { mungekey --create >/dev/null 2>&1 || die "cannot create /etc/munge/munge.key"; }
 chown munge:munge /etc/munge/munge.key
 
-HOST=$(hostname -s)
-# The node's real shape (CPUs, sockets, memory), renamed to this host and reached over loopback.
-NODE=$(slurmd -C | head -n1 | sed -e "s/^NodeName=[^ ]*/NodeName=$HOST/")
+# The node's real shape (CPUs, sockets, memory), renamed and reached over loopback.
+SHAPE=$(slurmd -C | head -n1 | sed -e "s/^NodeName=[^ ]* //")
+if [ "$NODES" = 1 ]; then
+    NODE_LINES="NodeName=$HOST $SHAPE NodeAddr=127.0.0.1 State=UNKNOWN"
+    SLURMD_FILES="SlurmdPidFile=$RUN/slurmd.pid
+SlurmdSpoolDir=$DIR/spool
+SlurmdLogFile=$DIR/log/slurmd.log"
+else
+    # several slurmd on one host: each its own port, and %n (the node name) in its files
+    NODE_LINES="NodeName=$NODE_LIST NodeHostname=$HOST NodeAddr=127.0.0.1 Port=[$((PORT + 1))-$((PORT + NODES))] $SHAPE State=UNKNOWN"
+    SLURMD_FILES="SlurmdPidFile=$RUN/slurmd-%n.pid
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+SlurmdParameters=config_overrides"
+fi
 cat >"$SLURM_CONF" <<CONF
-# Written by slurm/local-cluster/start.sh: a one-node development cluster.
+# Written by slurm/local-cluster/start.sh: a development cluster of $NODES node(s) on this host.
 ClusterName=nemoazr
 SlurmctldHost=$HOST(127.0.0.1)
 SlurmctldPort=$PORT
@@ -66,11 +100,9 @@ CredType=cred/munge
 # cred_expire=5: a requeued job may start again after ~6 s instead of 120 s.
 AuthInfo=socket=$DIR/munge/munge.socket.2,cred_expire=5
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+$SLURMD_FILES
 # Containers without cgroup/systemd: plain process tracking, no task binding.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -90,9 +122,9 @@ JobCompLoc=$DIR/log/jobcomp.txt
 # PartitionName=$PARTITION GraceTime=N / PreemptMode=CANCEL try the other set-ups).
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-$NODE NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=$PARTITION Nodes=$HOST Default=YES MaxTime=INFINITE State=UP PriorityTier=1
-PartitionName=$URGENT Nodes=$HOST MaxTime=INFINITE State=UP PriorityTier=2
+$NODE_LINES
+PartitionName=$PARTITION Nodes=$NODE_LIST Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName=$URGENT Nodes=$NODE_LIST MaxTime=INFINITE State=UP PriorityTier=2
 CONF
 
 # Daemons get their stdio redirected: one holding the caller's pipe open would make it wait forever.
@@ -106,12 +138,19 @@ fi
 alive "$RUN/slurmctld.pid" || slurmctld -f "$SLURM_CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1
 for _ in $(seq 100); do scontrol ping >/dev/null 2>&1 && break; sleep 0.2; done
 scontrol ping >/dev/null 2>&1 || die "slurmctld did not answer (see $DIR/log/slurmctld.log)"
-alive "$RUN/slurmd.pid" || slurmd -f "$SLURM_CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1
+for n in "${NODE_NAMES[@]}"; do
+    if [ "$NODES" = 1 ]; then
+        alive "$(pidfile "$n")" || slurmd -f "$SLURM_CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1
+    else
+        mkdir -p "$DIR/spool/$n"
+        alive "$(pidfile "$n")" || slurmd -f "$SLURM_CONF" -N "$n" </dev/null >>"$DIR/log/daemons.out" 2>&1
+    fi
+done
 
 for _ in $(seq 150); do
-    state=$(sinfo -h -n "$HOST" -o %T 2>/dev/null || true)
-    [ "$state" = idle ] && break
+    states=$(sinfo -h -N -p "$PARTITION" -o %T 2>/dev/null | sort -u | tr '\n' ' ')
+    [ "$states" = "idle " ] && [ "$(sinfo -h -N -p "$PARTITION" -o %N | wc -l)" = "$NODES" ] && break
     sleep 0.2
 done
-[ "$state" = idle ] || die "node $HOST is '${state:-unknown}', not idle (see $DIR/log/slurmd.log)"
+[ "$states" = "idle " ] || die "nodes $NODE_LIST are '${states:-unknown}', not all idle (see $DIR/log/slurmd*.log)"
 echo "export SLURM_CONF=$SLURM_CONF"

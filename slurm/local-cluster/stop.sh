@@ -31,7 +31,9 @@ stop_pid() {  # TERM, wait up to 10 s, then KILL
     kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
     rm -f "$file"
 }
-stop_pid "$RUN/slurmd.pid"
+for f in "$RUN"/slurmd.pid "$RUN"/slurmd-*.pid; do  # one node, or every node's slurmd
+    [ -e "$f" ] && stop_pid "$f"
+done
 stop_pid "$RUN/slurmctld.pid"
 stop_pid "$RUN/munged.pid"
 [ "${NEMO_AZR_SLURM_CLEAN:-0}" = 1 ] && rm -rf "$DIR"

@@ -1,4 +1,5 @@
-"""A one-node SLURM cluster for the tests in this folder (slurm/local-cluster/start.sh, stop.sh).
+"""SLURM clusters for the tests in this folder (slurm/local-cluster/start.sh, stop.sh): one node,
+or two nodes on this one machine (``slurm_two_nodes``).
 
 Each test module gets its own cluster (state folder and ports of its own, so a developer's cluster
 on the default ports is left alone). Running these tests installs nothing unless asked to:
@@ -55,27 +56,30 @@ def why_not(mode: str, *, root: bool, installed: bool) -> str:
     return ""
 
 
-def _free_port_pair() -> int:
-    """A port p with p + 1 free as well (slurmctld, slurmd)."""
+def _free_ports(count: int) -> int:
+    """A port p with p .. p + count - 1 free (slurmctld, then one slurmd per node)."""
     for _ in range(50):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        if port >= 65535:
+        if port + count - 1 > 65535:
             continue
         try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
+            sockets = [socket.socket() for _ in range(count)]
+            try:
+                for i, sock in enumerate(sockets):
+                    sock.bind(("127.0.0.1", port + i))
+            finally:
+                for sock in sockets:
+                    sock.close()
             return port
         except OSError:
             continue
-    raise RuntimeError("no two consecutive free ports")
+    raise RuntimeError(f"no {count} consecutive free ports")
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    """Start a cluster for this module; yields its state folder (``SLURM_CONF`` is set meanwhile)."""
+def _cluster(nodes: int):
+    """Start a cluster of ``nodes`` nodes; yields its state folder (``SLURM_CONF`` is set meanwhile)."""
     mode = slurm_tests_mode()
     installed = all(shutil.which(b) for b in SLURM_BINARIES)
     reason = why_not(mode, root=os.geteuid() == 0, installed=installed)
@@ -84,7 +88,8 @@ def slurm_cluster():
     state = Path(tempfile.mkdtemp(prefix="nemo-azr-slurm-test-", dir="/tmp"))
     env = dict(
         os.environ,
-        NEMO_AZR_SLURM_PORT=str(_free_port_pair()),
+        NEMO_AZR_SLURM_PORT=str(_free_ports(nodes + 1)),
+        NEMO_AZR_SLURM_NODES=str(nodes),
         NEMO_AZR_SLURM_CLEAN="1",
         NEMO_AZR_SLURM_INSTALL="1" if mode == "required" else "0",
     )
@@ -111,6 +116,18 @@ def slurm_cluster():
         else:
             os.environ["SLURM_CONF"] = old_conf
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A one-node cluster for this module."""
+    yield from _cluster(1)
+
+
+@pytest.fixture(scope="module")
+def slurm_two_nodes():
+    """A two-node cluster for this module (two slurmd on this machine: slurm/local-cluster)."""
+    yield from _cluster(2)
 
 
 def _tail(path: Path, lines: int = 30) -> str:
