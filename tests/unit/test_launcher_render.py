@@ -92,7 +92,10 @@ def test_torchrun_per_node_with_pyxis_container(capsys, tmp_path):
     assert "--nodes=2" in h and "--ntasks-per-node=1" in h  # one torchrun per node
     assert "--gpus-per-node=2" in h and "--cpus-per-task=8" in h  # the node's workers' CPUs
     assert 'MASTER_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in out
-    assert 'MASTER_ADDR=$(scontrol show node "$MASTER_NODE"' in out and "MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}" in out
+    assert (
+        'MASTER_ADDR=$(scontrol show node "$MASTER_NODE"' in out
+        and "MASTER_ADDR=${MASTER_ADDR:-$MASTER_NODE}" in out
+    )
     srun = re.search(r"^srun .*$", out, re.M).group(0)
     assert "--container-image=nvcr.io#nvidia/pytorch:25.01-py3" in srun
     assert "--container-mounts=/lustre:/lustre,/home:/home:ro" in srun
