@@ -700,3 +700,17 @@ def test_a_bucket_that_arrives_corrupted_is_refused_by_the_rank_before_it_loads(
         torch.testing.assert_close(
             w.engine.model_engine.model.state_dict()[name], before[name], rtol=0, atol=0
         )
+
+
+def test_the_container_installs_a_release_of_the_table():
+    """containers/Dockerfile and trtllm_api.RELEASES pin the same TensorRT-LLM: a version bump of one
+    without the other fails here, not at a user's first refit."""
+    import re
+    from pathlib import Path
+
+    from nemo_azr.rollout.trtllm_api import RELEASES
+
+    dockerfile = (Path(__file__).resolve().parents[2] / "containers" / "Dockerfile").read_text()
+    pinned = re.search(r"^ARG TRTLLM_VERSION=(\S+)$", dockerfile, re.M)
+    assert pinned, "containers/Dockerfile no longer pins TRTLLM_VERSION"
+    assert pinned.group(1) in {row.pinned for row in RELEASES.values()}
