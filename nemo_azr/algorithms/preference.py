@@ -64,6 +64,19 @@ def _pair_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) 
         }
 
 
+def _pair_log_ratios(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paired losses' checked inputs as policy-over-reference log-ratios (chosen, rejected)."""
+    _check_pairs(c=chosen, r=rejected, rc=ref_chosen, rr=ref_rejected)
+    _check_beta(beta)
+    return chosen - ref_chosen, rejected - ref_rejected
+
+
 @PREFERENCE_LOSSES.register("dpo")
 def dpo_loss(
     chosen_logps: torch.Tensor,
@@ -75,12 +88,11 @@ def dpo_loss(
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """DPO over pairs ``(y_w, y_l)``: all four inputs hold one sequence log-prob per pair."""
-    _check_pairs(c=chosen_logps, r=rejected_logps, rc=ref_chosen_logps, rr=ref_rejected_logps)
-    _check_beta(beta)
     if not 0.0 <= label_smoothing < 0.5:
         raise ConfigError(f"DPO label_smoothing must be in [0, 0.5), got {label_smoothing}")
-    chosen = chosen_logps - ref_chosen_logps
-    rejected = rejected_logps - ref_rejected_logps
+    chosen, rejected = _pair_log_ratios(
+        chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta
+    )
     logits = beta * (chosen - rejected)
     losses = -(1 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
     return losses.mean(), _pair_metrics(beta * chosen.detach(), beta * rejected.detach())
@@ -97,12 +109,11 @@ def ipo_loss(
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, Metrics]:
     """IPO over pairs: the squared distance of the log-ratio margin from ``1 / (2 beta)``."""
-    _check_pairs(c=chosen_logps, r=rejected_logps, rc=ref_chosen_logps, rr=ref_rejected_logps)
-    _check_beta(beta)
     if label_smoothing:
         raise ConfigError("label_smoothing is DPO's; IPO's target margin 1/(2 beta) already regularises")
-    chosen = chosen_logps - ref_chosen_logps
-    rejected = rejected_logps - ref_rejected_logps
+    chosen, rejected = _pair_log_ratios(
+        chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, beta
+    )
     losses = (chosen - rejected - 1.0 / (2.0 * beta)) ** 2
     return losses.mean(), _pair_metrics(beta * chosen.detach(), beta * rejected.detach())
 

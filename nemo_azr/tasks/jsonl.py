@@ -32,12 +32,7 @@ def load_jsonl_examples(path: str | Path) -> list[Example]:
     if not str(path):
         raise DataError("data.path is empty; task=jsonl needs a JSONL file with question/answer fields")
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise DataError(f"data.path {str(file)!r} does not exist or is not a file")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read {str(file)!r} as UTF-8 text: {exc}") from exc
+    lines = read_text_lines(file, what="data.path")
 
     examples: list[Example] = []
     seen_ids: set[str] = set()
@@ -52,6 +47,17 @@ def load_jsonl_examples(path: str | Path) -> list[Example]:
     if not examples:
         raise DataError(f"{file} has no rows; expected one JSON object per line with question and answer")
     return examples
+
+
+def read_text_lines(file: Path, *, what: str) -> list[str]:
+    """The lines of a UTF-8 text file; a missing or unreadable one is a :class:`DataError` (``what``
+    names it: the config key or the kind of file)."""
+    if not file.is_file():
+        raise DataError(f"{what} {str(file)!r} does not exist or is not a file")
+    try:
+        return file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {str(file)!r} as UTF-8 text: {exc}") from exc
 
 
 def _parse_row(line: str, number: int, file: Path) -> Example:

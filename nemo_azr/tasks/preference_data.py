@@ -22,6 +22,7 @@ from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.contracts.task import Example
 from nemo_azr.errors import DataError
 from nemo_azr.rollout.single_turn import encode_prompt
+from nemo_azr.tasks.jsonl import read_text_lines
 
 __all__ = [
     "PreferencePair",
@@ -46,12 +47,7 @@ class PreferencePair:
 def load_pairs_jsonl(path: str | Path) -> list[PreferencePair]:
     """Read and check a pair file; every problem is a :class:`DataError` naming the line."""
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise DataError(f"preference pairs {str(file)!r} does not exist or is not a file")
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"cannot read {str(file)!r} as UTF-8 text: {exc}") from exc
+    lines = read_text_lines(file, what="preference pairs")
     pairs, seen = [], set()
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -624,28 +624,11 @@ def test_an_unlisted_release_or_argument_is_one_config_error(policy, tiny_model_
     monkeypatch.setattr(trt, "__version__", "1.4.0")
     with pytest.raises(ConfigError, match="1.4.0 is not a release"):
         _backend(policy, tiny_model_path)
-    fake.install(monkeypatch, surface=_surface(llm_keywords=RELEASES_12_WITHOUT_SAMPLER))
+    fake.install(monkeypatch, surface=_surface(llm_keywords=_surface().llm_keywords - {"sampler_type"}))
     with pytest.raises(
         ConfigError, match=r"TensorRT-LLM 1\.2 does not take LLM argument\(s\) \['sampler_type'\]"
     ):
         _backend(policy, tiny_model_path)
-
-
-RELEASES_12_WITHOUT_SAMPLER = frozenset(
-    {
-        "model",
-        "backend",
-        "load_format",
-        "tensor_parallel_size",
-        "dtype",
-        "kv_cache_config",
-        "max_batch_size",
-        "max_seq_len",
-        "orchestrator_type",
-        "ray_worker_extension_cls",
-        "enable_sleep",
-    }
-)
 
 
 def test_a_payload_naming_anything_but_torch_is_refused(trt, policy, tiny_model_path):
