@@ -46,6 +46,7 @@ RESULTS_JSON = RESULTS_DIR / "real_model.json"
 RESULTS_MD = RESULTS_DIR / "real_model.md"
 EXPERIMENTS = (
     "arithmetic_grpo_smollm2",
+    "arithmetic_dpo_smollm2",
     "rlcr_two_turn_smollm2",
     "rlcr_single_turn_smollm2",
     "azr_code_smollm2",
@@ -123,15 +124,25 @@ def train_summary(out: Path, wall_s: float) -> dict:
     tokens = [
         r["throughput/response_tokens_per_s"] for r in records if "throughput/response_tokens_per_s" in r
     ]
-    return {
-        "steps": len(records),
-        "wall_s": round(wall_s, 1),
-        "s_per_step_median": round(statistics.median(steps), 2) if steps else None,
-        "rollout_tokens_per_s_mean": round(statistics.fmean(tokens), 1) if tokens else None,
-        "peak_rss_gb": round(max(r.get("system/peak_rss_gb", 0.0) for r in records), 2),
-        "reward_first5": round(statistics.fmean(r["reward/mean"] for r in records[:WINDOW]), 4),
-        "reward_last5": round(statistics.fmean(r["reward/mean"] for r in records[-WINDOW:]), 4),
-    }
+    return (
+        {
+            "steps": len(records),
+            "wall_s": round(wall_s, 1),
+            "s_per_step_median": round(statistics.median(steps), 2) if steps else None,
+            "rollout_tokens_per_s_mean": round(statistics.fmean(tokens), 1) if tokens else None,
+            "peak_rss_gb": round(max(r.get("system/peak_rss_gb", 0.0) for r in records), 2),
+        }
+        | {
+            f"{short}_{end}{WINDOW}": round(statistics.fmean(r[key] for r in rows), 4)
+            for key, short in (
+                ("reward/mean", "reward"),
+                ("preference/reward_accuracy", "pair_accuracy"),
+                ("preference/loss", "pair_loss"),
+            )  # fmt: skip
+            for end, rows in (("first", records[:WINDOW]), ("last", records[-WINDOW:]))
+            if rows and all(key in r for r in rows)
+        }
+    )
 
 
 def selfplay_summary(out: Path, name: str) -> dict:
@@ -497,9 +508,13 @@ def write_report(results: dict, meta: dict) -> None:
         if res.get("note"):
             lines += [f"Note: {res['note']}", ""]
         t = res["train"]
-        lines.append(
-            f"Training reward (mean of the first / last {WINDOW} steps): {t['reward_first5']:.3f} -> {t['reward_last5']:.3f}."
-        )
+        if "reward_first5" in t:
+            lines.append(f"Training reward (mean of the first / last {WINDOW} steps): "
+                         f"{t['reward_first5']:.3f} -> {t['reward_last5']:.3f}.")  # fmt: skip
+        if "pair_accuracy_first5" in t:
+            lines.append(f"Training pairs (mean of the first / last {WINDOW} steps): loss {t['pair_loss_first5']:.3f} "
+                         f"-> {t['pair_loss_last5']:.3f}, chosen reward above the rejected one "
+                         f"{t['pair_accuracy_first5']:.3f} -> {t['pair_accuracy_last5']:.3f}.")  # fmt: skip
         if name in HELDOUT_SELFPLAY:
             lines += _heldout_section(name, res)
             continue

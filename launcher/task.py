@@ -37,4 +37,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from nemo_azr.cli import exit_process
+
+    exit_process(main())

@@ -15,6 +15,7 @@ import contextlib
 import signal
 import sys
 
+from nemo_azr.errors import EXIT_PEER_LOST
 from nemo_azr.trainer.preemption import EXIT_PREEMPTED
 
 EXIT_FAILED = 1
@@ -30,8 +31,12 @@ def _forward_to_workers(signum: int, _frame) -> None:
 
 
 def exit_status(exit_codes: list[int]) -> int:
-    """75 when the failed workers all stopped for a preemption checkpoint, else 1."""
-    return EXIT_PREEMPTED if exit_codes and all(c == EXIT_PREEMPTED for c in exit_codes) else EXIT_FAILED
+    """75 when the failed workers all stopped for a preemption checkpoint, 76 when they all stopped
+    because peers were lost (each said so in its own line), else 1."""
+    for shared in (EXIT_PREEMPTED, EXIT_PEER_LOST):
+        if exit_codes and all(c == shared for c in exit_codes):
+            return shared
+    return EXIT_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as exc:
         codes = [f.exitcode for f in exc.failures.values()]
         status = exit_status(codes)
-        if status != EXIT_PREEMPTED:
+        if status == EXIT_FAILED:
             raise
         return status
     return 0

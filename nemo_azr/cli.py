@@ -23,6 +23,7 @@ def _train(overrides: list[str]) -> int:
     flag = PreemptionFlag()
     flag.install()  # before the heavy imports: until now a signal had its default action (death)
     report_ready()  # the batch script forwards signals from now on (it held them until here)
+    trainer = None
     try:
         with flag.phase("start-up", interruptible=True):
             from nemo_azr.preflight import load_config
@@ -37,6 +38,9 @@ def _train(overrides: list[str]) -> int:
     except NemoAzrError:
         raise
     except Exception as exc:
+        lost = _peer_lost(exc, trainer)
+        if lost is not None:
+            raise lost from None
         if not flag.requested:
             raise
         # Failing after a preemption signal (a peer rank that already exited, a service killed with
@@ -50,6 +54,20 @@ def _train(overrides: list[str]) -> int:
     finally:
         if not flag.requested:  # when exiting for requeue, a second signal (e.g. srun's copy) is ignored
             flag.uninstall()
+
+
+def _peer_lost(exc: Exception, trainer):
+    """The one-line :class:`PeerLostError` when ``exc`` is a collective whose peers are gone (the
+    batch script is told, to requeue), else None."""
+    from nemo_azr.distributed.peer_loss import peer_lost_error
+    from nemo_azr.trainer.preemption import note_peer_lost
+
+    step = trainer.state.step if trainer is not None else 0
+    latest = trainer.checkpointer.latest() if trainer is not None else None
+    lost = peer_lost_error(exc, step=step, checkpoint=str(latest) if latest else None)
+    if lost is not None:
+        note_peer_lost(str(lost))
+    return lost
 
 
 def _rank0_print(*args, **kwargs) -> None:
@@ -289,14 +307,22 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The process entry point (the ``nemo-azr`` script and ``python -m nemo_azr``); ``main`` is the
     in-process one (it returns the status)."""
+    exit_process(main())
+
+
+def exit_process(code: int) -> None:
+    """End the process with ``code``; after a preemption checkpoint (75) or lost peers (76) without
+    the interpreter's teardown.
+
+    After 75 the checkpoint is written and every sink closed (``Trainer.fit``'s finally); what remains
+    is teardown, where a library's native thread can abort the process (seen with W&B's service
+    killed by the same SIGTERM: "terminate called without an active exception") and turn the status
+    the SLURM script requeues on into a SIGABRT. After 76 the process group's teardown would wait on
+    the lost ranks."""
+    from nemo_azr.errors import EXIT_PEER_LOST
     from nemo_azr.trainer.preemption import EXIT_PREEMPTED
 
-    code = main()
-    if code == EXIT_PREEMPTED:
-        # The checkpoint is written and every sink closed (``Trainer.fit``'s finally); what remains is
-        # interpreter teardown, where a library's native thread can abort the process (seen with W&B's
-        # service killed by the same SIGTERM: "terminate called without an active exception") and
-        # turn the status the SLURM script requeues on into a SIGABRT. Skip the teardown.
+    if code in (EXIT_PREEMPTED, EXIT_PEER_LOST):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()

@@ -9,6 +9,7 @@ class NemoAzrError(Exception):
     """A user-facing problem; the message says what is wrong and what to do."""
 
     exit_code = 2  # EXIT_USAGE: fix and rerun
+    report = True  # this process prints the line (a job's ranks may leave it to one of them)
 
 
 class ConfigError(NemoAzrError):
@@ -43,6 +44,18 @@ class StorageFullError(NemoAzrError):
     exit_code = 74
 
 
+class PeerLostError(NemoAzrError):
+    """A collective failed because other ranks stopped (a node lost, a process killed or hung).
+    Exit 76: the batch script requeues the job (a restart resumes from the newest checkpoint) where
+    requeueing is allowed. ``report`` is False on all survivors but one, so a job says it once."""
+
+    exit_code = 76
+
+    def __init__(self, message: str, *, report: bool = True) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 def storage_full_reason(exc: BaseException) -> str | None:
     """``"No space left on device"`` / ``"Disk quota exceeded"`` when ``exc`` or an exception it was
     raised from is that OSError, else None."""
@@ -60,6 +73,7 @@ def storage_full_reason(exc: BaseException) -> str | None:
 
 EXIT_USAGE = 2  # a user-facing problem (bad config, bad data, damaged checkpoint): fix and rerun
 EXIT_STORAGE_FULL = StorageFullError.exit_code  # a full or over-quota file system: free space, rerun
+EXIT_PEER_LOST = PeerLostError.exit_code  # other ranks stopped: requeue and resume where allowed
 EXIT_INTERRUPTED = 130  # Ctrl-C, as the shell reports it
 
 
@@ -71,7 +85,8 @@ def run_reporting_errors(prog: str, fn, *args) -> int:
     try:
         return fn(*args)
     except NemoAzrError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        if exc.report:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except OSError as exc:
         reason = storage_full_reason(exc)

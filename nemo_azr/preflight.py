@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nemo_azr.algorithms.config_check import check_critic_config, check_dapo_config, check_off_policy_config
+from nemo_azr.algorithms.config_check import (
+    check_critic_config,
+    check_dapo_config,
+    check_off_policy_config,
+    check_preference_config,
+)
 from nemo_azr.config.batch_shape import rows_per_step
 from nemo_azr.config.checks import (
     DEVICES,
@@ -208,6 +213,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     check_optim("optim", opt)
     check_critic_config(cfg, rows, rows_desc)
     check_dapo_config(cfg)
+    check_preference_config(cfg)
     check_throughput_config(cfg, megatron)
     check_off_policy_config(cfg, megatron)
 

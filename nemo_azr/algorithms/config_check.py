@@ -1,9 +1,10 @@
-"""Config checks of the RL algorithm keys that need the algorithms package to judge: the critic, DAPO
-and off-policy correction (``nemo_azr.preflight`` runs them)."""
+"""Config checks of the RL algorithm keys that need the algorithms package to judge: the critic, DAPO,
+off-policy correction and direct preference optimisation (``nemo_azr.preflight`` runs them)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from nemo_azr.config.checks import check_optim, one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
@@ -106,4 +107,46 @@ def check_off_policy_config(cfg: NemoAzrConfig, megatron: bool) -> None:
         ro.workflow != "azr",
         "rollout.async_rollout=true is not available for self-play (rollout.workflow=azr): its task "
         "buffers are updated by the training steps the rollout would run ahead of",
+    )
+
+
+def check_preference_config(cfg: NemoAzrConfig) -> None:
+    """``preference.*``: a paired loss, and a run that has no rollout for it to replace oddly."""
+    from nemo_azr.algorithms.preference import PAIRED_LOSSES
+
+    pref = cfg.preference
+    if not pref.loss:
+        return
+    require(
+        pref.loss in PAIRED_LOSSES,
+        f"preference.loss={pref.loss!r} is not one of: '' (off), {', '.join(PAIRED_LOSSES)}",
+    )
+    require(pref.beta > 0, f"preference.beta must be > 0, got {pref.beta}")
+    require(
+        0 <= pref.label_smoothing < 0.5,
+        f"preference.label_smoothing must be in [0, 0.5), got {pref.label_smoothing}",
+    )
+    require(
+        pref.label_smoothing == 0 or pref.loss == "dpo",
+        f"preference.label_smoothing is conservative DPO's; preference.loss={pref.loss} has none (set 0)",
+    )
+    require(
+        not pref.pairs_path or Path(pref.pairs_path).expanduser().is_file(),
+        f"preference.pairs_path={pref.pairs_path!r}: no such file",
+    )
+    require(
+        bool(pref.pairs_path) or cfg.data.task == "arithmetic",
+        f"preference.loss={pref.loss} needs pairs: preference.pairs_path=FILE.jsonl, or data.task="
+        f"arithmetic (right answer against a near miss); data.task={cfg.data.task} has no generator",
+    )
+    for on, key in (
+        (cfg.absolute_zero.enabled, "absolute_zero.enabled"),
+        (cfg.rollout.async_rollout, "rollout.async_rollout"),
+        (cfg.algorithm.dynamic_sampling, "algorithm.dynamic_sampling"),
+    ):
+        require(not on, f"preference.loss={pref.loss} trains on pairs, with no rollout: set {key}=false")
+    require(
+        cfg.model.backend == "hf",
+        f"preference.loss={pref.loss} runs on model.backend=hf (the megatron backend has no preference "
+        "step yet)",
     )

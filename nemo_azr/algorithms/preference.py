@@ -38,6 +38,10 @@ __all__ = ["dpo_loss", "ipo_loss", "kto_loss", "sequence_logps"]
 Metrics = dict[str, torch.Tensor]
 
 
+#: Losses over a pair's two rows (one loss term per pair); KTO scores single examples.
+PAIRED_LOSSES = ("dpo", "ipo")
+
+
 def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """``log pi(y|x)`` per row: the sum of the response tokens' log-probs (``loss_mask`` marks them)."""
     return (token_logps * loss_mask.to(token_logps.dtype)).sum(-1)

@@ -87,6 +87,10 @@ def check_parallel_static(cfg: NemoAzrConfig) -> None:
     ):
         _require(getattr(p, key) >= 0, f"parallel.{key}={getattr(p, key)} must be >= 0 (0 = {zero})")
     _require(
+        p.timeout_s > 0,
+        f"parallel.timeout_s={p.timeout_s} must be > 0 (seconds a collective waits for its peers)",
+    )
+    _require(
         p.make_vocab_size_divisible_by >= 1,
         f"parallel.make_vocab_size_divisible_by={p.make_vocab_size_divisible_by} must be >= 1",
     )

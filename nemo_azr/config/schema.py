@@ -69,6 +69,9 @@ class ParallelConfig:
     use_te: str = "auto"  # auto | true | false: TransformerEngine layer spec (auto: when importable, on CUDA)
     make_vocab_size_divisible_by: int = 128  # vocabulary padded to a multiple of this x tp
     backend: str = "auto"  # torch.distributed backend: auto | nccl | gloo (auto: nccl on CUDA, else gloo)
+    # the longest a collective waits for its peers; past it the rank stops and names the ranks that
+    # stopped answering (torch's default is 30 min; Megatron-LM's --distributed-timeout-minutes is 10)
+    timeout_s: float = 600.0
 
 
 @dataclass
@@ -546,6 +549,17 @@ class ClusterConfig:
 
 
 @dataclass
+class PreferenceConfig:
+    """Direct preference optimisation (seed 004, class 5): steps train on chosen / rejected pairs
+    instead of rollouts (docs/algorithms.md). Off while ``loss`` is empty."""
+
+    loss: str = ""  # "" (off: reinforcement learning) | dpo | ipo
+    beta: float = 0.1  # weight of the implicit KL to the reference (the frozen initial policy)
+    label_smoothing: float = 0.0  # dpo: the share of pairs taken as mislabelled (conservative DPO)
+    pairs_path: str = ""  # JSONL {prompt, chosen, rejected[, id]}; "": generated (data.task=arithmetic)
+
+
+@dataclass
 class NemoAzrConfig:
     experiment_name: str = "default"
     seed: int = 0
@@ -563,6 +577,7 @@ class NemoAzrConfig:
     rlcr: RLCRConfig = field(default_factory=RLCRConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     absolute_zero: AbsoluteZeroConfig = field(default_factory=AbsoluteZeroConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # modules imported before the config is checked, so the components they register (an estimator,
     # a loss, a task, a workflow, an environment, a backend) can be named: "my_pkg.my_module" or a

@@ -3,7 +3,9 @@
 :func:`initialize_parallel` works under ``torchrun`` (``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` in the
 environment) and in a plain single process (world size 1 over a private FileStore). It picks gloo on
 CPU and nccl on GPU, applies :mod:`nemo_azr.distributed.cpu_shims` on CPU, creates megatron-core's
-tensor/pipeline/data-parallel groups and seeds megatron's RNG tracker.
+tensor/pipeline/data-parallel groups and seeds megatron's RNG tracker. Every group's collectives time
+out after ``parallel.timeout_s``; with several processes each rank also starts its heartbeat
+(:mod:`nemo_azr.distributed.peer_loss`), so a failed collective names the ranks that were lost.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from nemo_azr.config.schema import ParallelConfig
+from nemo_azr.distributed.peer_loss import start_heartbeat, stop_heartbeat
 from nemo_azr.errors import ConfigError
 
 __all__ = [
@@ -107,14 +111,14 @@ def resolve_dist_backend(backend: str = "auto") -> str:
     return backend
 
 
-def _init_process_group(backend: str) -> None:
+def _init_process_group(backend: str, timeout_s: float) -> None:
     global _OWNED_STORE
     if dist.is_initialized():
         return
     if all(v in os.environ for v in _TORCHRUN_VARS):
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         return
     # A lone process: a private FileStore needs no free port and cannot collide with other runs.
     fd, path = tempfile.mkstemp(prefix="nemo_azr_store_")
@@ -138,11 +142,14 @@ def _seed(seed: int) -> None:
         cpu_model_parallel_manual_seed(seed)
 
 
-def initialize_parallel(layout: ParallelLayout, *, seed: int = 0, backend: str = "auto") -> int:
+def initialize_parallel(
+    layout: ParallelLayout, *, seed: int = 0, backend: str = "auto", timeout_s: float = 600.0
+) -> int:
     """Set up torch.distributed and megatron-core's groups for ``layout``; returns the data-parallel size.
 
     Safe to call when torch.distributed is already initialised (e.g. by the launcher). Raises
-    ConfigError when the world size does not equal ``tp * pp * dp``.
+    ConfigError when the world size does not equal ``tp * pp * dp``. ``timeout_s`` bounds every
+    collective of the default group and of megatron's groups.
     """
     from megatron.core import parallel_state
 
@@ -156,13 +163,15 @@ def initialize_parallel(layout: ParallelLayout, *, seed: int = 0, backend: str =
     else:
         world = int(os.environ.get("WORLD_SIZE", "1")) if all(v in os.environ for v in _TORCHRUN_VARS) else 1
     dp = layout.data_parallel_size(world)  # checked before any group exists: no hang on a bad layout
-    _init_process_group(backend)
+    _init_process_group(backend, timeout_s)
+    start_heartbeat(timeout_s)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp or None,
+        distributed_timeout_minutes=timeout_s / 60,  # timedelta(minutes=...) takes a fraction
         # gloo twins of the data-parallel groups are only needed for CPU-side optimizer state I/O
         create_gloo_process_groups=False,
     )
@@ -175,6 +184,7 @@ def destroy_parallel() -> None:
     global _OWNED_STORE
     from megatron.core import parallel_state
 
+    stop_heartbeat()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     if dist.is_initialized():

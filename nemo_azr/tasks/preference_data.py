@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +27,8 @@ from nemo_azr.tasks.jsonl import read_text_lines
 __all__ = [
     "PreferencePair",
     "arithmetic_pairs",
+    "example_pair",
+    "pair_examples",
     "load_pairs_jsonl",
     "pairs_from_scored_replies",
     "pairs_to_batch",
@@ -112,13 +114,31 @@ def pairs_from_scored_replies(
     return PreferencePair(pair_id, prompt, rng.choice(best), rng.choice(worst))
 
 
-def pairs_to_batch(pairs: Sequence[PreferencePair], tokenizer) -> Batch:
+def pair_examples(pairs: Sequence[PreferencePair]) -> list[Example]:
+    """The pairs as prompt-loader examples (the loader shuffles, batches and resumes them as it does
+    prompts): the prompt as the question, the chosen reply as the answer, the pair in ``meta``."""
+    return [Example(p.id, p.prompt, p.chosen, {"pair": p}) for p in pairs]
+
+
+def example_pair(example: Example) -> PreferencePair:
+    """The pair an :func:`pair_examples` example carries."""
+    return example.meta["pair"]
+
+
+def pairs_to_batch(
+    pairs: Sequence[PreferencePair],
+    tokenizer,
+    *,
+    messages: Callable[[PreferencePair], list[dict]] | None = None,
+) -> Batch:
     """Two rows per pair (chosen, rejected): the chat-template prompt, the reply and EOS (trained),
-    ``preference_label`` 1 / 0 and a shared ``pair_id``."""
+    ``preference_label`` 1 / 0 and a shared ``pair_id``. ``messages`` gives a pair's prompt messages
+    (a task's system prompt and demonstrations); by default the prompt is one user message."""
     prompts, responses, labels, pair_ids = [], [], [], []
     eos = tokenizer.eos_token_id
     for pair in pairs:
-        prompt = encode_prompt(tokenizer, [{"role": "user", "content": pair.prompt}])
+        chat = messages(pair) if messages else [{"role": "user", "content": pair.prompt}]
+        prompt = encode_prompt(tokenizer, chat)
         for reply, label in ((pair.chosen, 1), (pair.rejected, 0)):
             prompts.append(prompt)
             responses.append([*tokenizer(reply, add_special_tokens=False)["input_ids"], eos])

@@ -43,6 +43,19 @@ def report_ready() -> None:
         open(os.path.join(folder, f"rank-{rank}"), "w").close()
 
 
+PEER_LOST_MARKER = "peer-lost"
+
+
+def note_peer_lost(message: str) -> None:
+    """Tell the batch script that this job stopped because ranks were lost (``peer-lost`` in the
+    ready folder holds the line): it then stops what is left of the job step and requeues."""
+    folder = os.environ.get(READY_DIR_ENV)
+    if not folder:
+        return
+    with contextlib.suppress(OSError), open(os.path.join(folder, PEER_LOST_MARKER), "w") as fh:
+        fh.write(message + "\n")
+
+
 def signal_name(signum: int | None) -> str:
     try:
         return signal.Signals(signum).name

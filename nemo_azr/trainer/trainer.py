@@ -75,6 +75,7 @@ from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.output_lock import acquire_output_lock, release_output_lock
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
+from nemo_azr.trainer.preference_mode import PreferenceModeMixin, preference_pairs_source
 from nemo_azr.trainer.preflight import check_writable, resolve_device
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.row_versions import check_row_versions
@@ -129,7 +130,7 @@ class _NullLogger:
         pass
 
 
-class Trainer(CheckpointingMixin):
+class Trainer(CheckpointingMixin, PreferenceModeMixin):
     async_rollout: AsyncRollout | None = None  # rollout.async_rollout: the producer thread, while fit runs
     _holds_output_lock = False  # this trainer's share of the output folder's run lock (released by fit)
 
@@ -173,8 +174,11 @@ class Trainer(CheckpointingMixin):
                 "or export it with `nemo-azr convert megatron-to-hf`"
             )
         self.tokenizer = load_tokenizer(self.model_path / "model" if megatron_ckpt else self.model_path)
-        self.loader = build_prompt_loader(self.task.examples, cfg.data, cfg.seed)
-        self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
+        if cfg.preference.loss:  # class 5: the steps read preference pairs instead of rolling out
+            self.loader, self.workflow = preference_pairs_source(cfg, self.task, self.tokenizer)
+        else:
+            self.loader = build_prompt_loader(self.task.examples, cfg.data, cfg.seed)
+            self.workflow = WORKFLOWS.get(cfg.rollout.workflow)(self.task, self.tokenizer, cfg)
         per_role = isinstance(self.workflow, PerRoleAdvantages)
         role_estimators = self.workflow.role_estimators if per_role else None
         self.estimator = (
@@ -188,9 +192,10 @@ class Trainer(CheckpointingMixin):
         self.critic = self._build_critic(role_estimators)  # first: a shared-trunk head joins the optimizer
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
         self.ref = None
-        if (
-            cfg.algorithm.kl.coef > 0
-        ):  # frozen copy of the initial policy (kl.reference=warmup: reloaded later)
+        if cfg.preference.loss:
+            self._check_preference_policy()
+        if cfg.algorithm.kl.coef > 0 or cfg.preference.loss:
+            # frozen copy of the initial policy (kl.reference=warmup: reloaded later)
             self.ref = policy_cls(self.model_path, cfg, trainable=False, device=self.device)
         self.backend = None
         self.state = TrainerState()
@@ -209,6 +214,8 @@ class Trainer(CheckpointingMixin):
     def _optimizer_steps_total(self, model=None) -> int:
         """Optimizer steps of the whole run for ``model`` (the policy, or the critic with its own
         epochs / mini-batches): the LR schedule's horizon."""
+        if self.cfg.preference.loss and model is None:  # one preference step per training step
+            return self.cfg.trainer.max_steps
         epochs, mini, _ = (model or self.policy).update_schedule()
         # A workflow may produce more rows per prompt than n_samples (RLCR two-turn: G_a + G_a x G_c).
         per_prompt = (
@@ -356,6 +363,8 @@ class Trainer(CheckpointingMixin):
         self._loader_trained = rollout.loader_after
         if rollout.skip is not None:
             return self._skip(step, metrics, *rollout.skip)
+        if cfg.preference.loss:  # no advantage stage: the update compares each pair's two rows
+            return self._train_on_pairs(step, rollout)
         batch = rollout.batch
         t_reward = time.perf_counter()
 
@@ -703,7 +712,9 @@ class Trainer(CheckpointingMixin):
                     self.finalize_checkpoints(blocking=True)
                     dirty = False
                     messages.append(f"saved the warmed-up model as {saved}")
-        if self.ref is not None and cfg.algorithm.kl.reference == "warmup":
+        # DPO's reference is the policy its steps start from: after a warm-up, the warmed-up one
+        pairs_after_warmup = bool(cfg.preference.loss) and cfg.sft_warmup.steps > 0
+        if self.ref is not None and (cfg.algorithm.kl.reference == "warmup" or pairs_after_warmup):
             messages.append(self._load_warmup_reference())
         self.preemption.enter("generation set-up", interruptible=False)
         self.setup_generation()

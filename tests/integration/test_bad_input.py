@@ -93,6 +93,16 @@ from tests.cli_errors import cli_error
             ["model=megatron", "critic.shared_trunk=true"],
             "critic.shared_trunk=true puts the value head on the hf policy",
         ),
+        (["preference.loss=kto"], "preference.loss='kto' is not one of: '' (off), dpo, ipo"),
+        (["preference.loss=dpo", "preference.beta=0"], "preference.beta must be > 0"),
+        (
+            ["preference.loss=ipo", "preference.label_smoothing=0.1"],
+            "conservative DPO's; preference.loss=ipo",
+        ),
+        (["preference.loss=dpo", "data.task=synthetic_qa"], "needs pairs: preference.pairs_path=FILE.jsonl"),
+        (["preference.loss=dpo", "rollout.async_rollout=true"], "set rollout.async_rollout=false"),
+        (["preference.loss=dpo", "model=megatron"], "runs on model.backend=hf"),
+        (["preference.loss=dpo", "preference.pairs_path=/nope.jsonl"], "/nope.jsonl"),
     ],
 )
 def test_bad_configs_fail_with_one_line(capsys, overrides, expected):

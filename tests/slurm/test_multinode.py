@@ -5,15 +5,20 @@ A TP=2 x DP=2 job on 2 nodes x 2 ranks, in both launcher modes (srun per rank, t
 logs the same metrics step by step as the same run on one node with 4 ranks (torchrun outside
 Slurm): the launcher's multi-node rendezvous (MASTER_ADDR from the first node's address, node ranks)
 changes nothing in what is trained. The same job signalled mid-run (as at its time limit) saves
-every rank's shard, requeues, resumes on both nodes and logs what the uninterrupted run logs.
+every rank's shard, requeues, resumes on both nodes and logs what the uninterrupted run logs. When
+the second node's training processes are killed, or stopped as a whole (a hung node), the job ends
+with one line naming the lost ranks and their node, requeues and resumes from its newest checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -38,6 +43,9 @@ TRAIN = (
     f"trainer.max_steps={STEPS}",
     "sft_warmup.steps=0",
     "data.prompts_per_step=4",
+    # the tiny model's rewards are 0 for many steps; the bonus gives every step a gradient, so the
+    # runs compared below have weights and AdamW moments to get right
+    "algorithm.entropy_coef=0.01",
 )
 
 
@@ -89,6 +97,7 @@ def test_two_node_tp2_dp2_job_equals_the_one_node_run(
     got = without_machine_metrics(read_metrics(out / "metrics.jsonl"))
     want = without_machine_metrics(one_node_reference)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    assert all(r["actor/grad_norm"] > 0 for r in got)
     assert got == want
     assert (out / "checkpoints" / f"step_{STEPS}" / "COMPLETE").is_file()
 
@@ -116,3 +125,158 @@ def test_two_node_job_preempted_requeues_and_matches_the_uninterrupted_run(
     assert f"completed at step {STEPS}" in log
     got = without_machine_metrics(read_metrics(out / "metrics.jsonl"))
     assert got == without_machine_metrics(one_node_reference)
+
+
+def _node_processes(job: str, node: str) -> list:
+    """The job's training processes on ``node`` (srun's tasks there carry SLURMD_NODENAME)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env, cmd = proc.environ(), " ".join(proc.cmdline())
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if env.get("SLURM_JOB_ID") == job and env.get("SLURMD_NODENAME") == node and "nemo_azr" in cmd:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill", "hang"])
+def test_a_lost_node_ends_the_job_in_one_line_and_the_requeued_job_resumes(
+    slurm_two_nodes, one_node_reference, tiny_cache, tmp_path, how
+):
+    """Node nemo2's ranks are killed (their connections close at once) or stopped (SIGSTOP: open
+    connections, no progress; found by parallel.timeout_s): the survivors name ranks 2, 3 on nemo2 in
+    one line, the batch script ends what is left of the step, requeues, and the job resumes from its
+    newest checkpoint to the same metrics as the uninterrupted run."""
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    overrides = tiny_overrides(tiny_cache, out, logs, *TRAIN)
+    overrides += [
+        "cluster.nodes=2",
+        "cluster.tasks_per_node=2",
+        "parallel.timeout_s=20",
+        "trainer.save_interval=4",
+    ]
+    (job,), _ = submit(*overrides)
+    wait_for_steps(out / "metrics.jsonl", job, logs, steps=5)  # step_4 is written
+    victims = _node_processes(job, "nemo2")
+    assert len(victims) >= 2, [p.cmdline() for p in victims]
+    lost_at = time.monotonic()
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+    try:
+        deadline = lost_at + 240
+        while "ranks were lost" not in (log := job_log(job, logs)):
+            assert time.monotonic() < deadline, log
+            time.sleep(1)
+        detected_s = time.monotonic() - lost_at
+    finally:
+        for proc in victims:  # a stopped process the step kill did not reach must not outlive the test
+            if proc.is_running() and how == "hang":
+                proc.kill()
+    wait_done([job])
+    log = job_log(job, logs)
+    assert states([job], logs)[job] == ("COMPLETED", "0:0"), log
+    errors = [line for line in log.splitlines() if line.startswith("nemo-azr: error:")]
+    assert len(errors) == 1, log
+    assert re.match(r"nemo-azr: error: lost ranks 2, 3 on nemo2 at step \d+: ", errors[0]), errors[0]
+    assert ("Timed out" in errors[0]) == (how == "hang"), errors[0]
+    assert f"job {job} restart 1" in log and f"completed at step {STEPS}" in log, log
+    m = re.search(rf"resumed from {out}/checkpoints/step_(\d+) ", log)
+    assert m and int(m.group(1)) >= 4, log
+    got = without_machine_metrics(read_metrics(out / "metrics.jsonl"))
+    assert got == without_machine_metrics(one_node_reference)
+    print(f"lost node ({how}) -> job requeued after {detected_s:.0f} s")
+
+
+#: Few steps, a checkpoint every 2, and an entropy bonus: the tiny model's rewards are all 0 this
+#: early, and the bonus gives every step a gradient, so the resumed runs have weights to get right.
+RESHARD = (
+    "model=megatron",
+    "sft_warmup.steps=0",
+    "algorithm.entropy_coef=0.01",
+    "trainer.save_interval=2",
+    "trainer.keep_last=0",
+)
+
+
+def _logits(model_dir, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _assert_same_model(folder_a, folder_b, ids):
+    import torch
+
+    torch.testing.assert_close(_logits(folder_b, ids), _logits(folder_a, ids), atol=1e-5, rtol=0)
+
+
+def _assert_continues(run, resumed, steps):
+    by_step = {r["step"]: r for r in run}
+    assert [r["step"] for r in resumed] == steps
+    for r in resumed:
+        want = by_step[r["step"]]
+        assert r["reward/mean"] == want["reward/mean"], r["step"]
+        assert r["actor/loss"] == pytest.approx(want["actor/loss"], abs=1e-6), r["step"]
+        assert r["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-4), r["step"]
+
+
+@pytest.mark.slow
+def test_a_two_node_checkpoint_resumes_on_one_node_at_pp2_and_back(slurm_two_nodes, tiny_cache, tmp_path):
+    """Job A: 2 nodes, TP=2 x DP=2, 6 steps. Job B: 1 node, 2 ranks, PP=2, resumes A's step_2 (weights
+    and AdamW state resharded) and trains to step 4. Job C: 2 nodes, PP=2 x DP=2 (megatron's rank order
+    puts each pipeline's two stages on the two nodes, as sites place pipelines), resumes B's step_4 and trains to step 6. B and C log A's
+    metrics for their steps, and the models of B's step 4 and C's step 6 give A's logits. Every
+    checkpoint's manifest covers every shard written."""
+    import torch
+
+    from nemo_azr.trainer.checkpoint import verify_checkpoint
+
+    def run(name, nodes, tasks, parallel, steps, *extra):
+        out, logs = tmp_path / name, tmp_path / f"{name}_logs"
+        overrides = tiny_overrides(tiny_cache, out, logs, *RESHARD, f"parallel={parallel}")
+        overrides += [
+            f"trainer.max_steps={steps}",
+            f"cluster.nodes={nodes}",
+            f"cluster.tasks_per_node={tasks}",
+        ]
+        (job,), _ = submit(*overrides, *extra)
+        wait_done([job])
+        log = job_log(job, logs)
+        assert states([job], logs)[job] == ("COMPLETED", "0:0"), log
+        return out, log
+
+    a, _ = run("a", 2, 2, "tp2pp1", 6)
+    b, log_b = run("b", 1, 2, "tp1pp2", 4, f"trainer.resume={a}/checkpoints/step_2")
+    c, log_c = run("c", 2, 2, "tp1pp2", 6, f"trainer.resume={b}/checkpoints/step_4")
+    assert f"resumed from {a}/checkpoints/step_2 (step 2)" in log_b
+    assert f"resumed from {b}/checkpoints/step_4 (step 4)" in log_c
+
+    run_a = read_metrics(a / "metrics.jsonl")
+    _assert_continues(run_a, read_metrics(b / "metrics.jsonl"), [3, 4])
+    _assert_continues(run_a, read_metrics(c / "metrics.jsonl"), [5, 6])
+
+    for folder in [
+        *(a / "checkpoints").glob("step_*"),
+        b / "checkpoints" / "step_4",
+        c / "checkpoints" / "step_6",
+    ]:
+        assert verify_checkpoint(folder) is None, folder  # every file matches the manifest
+        listed = set(json.loads((folder / "COMPLETE").read_text())["files"])
+        shards = {str(p.relative_to(folder)) for p in (folder / "dist").rglob("*") if p.is_file()}
+        assert shards and shards <= listed, folder
+
+    ids = torch.randint(0, 200, (2, 12), generator=torch.Generator().manual_seed(0))
+    start, end = (
+        _logits(a / "checkpoints" / "step_2" / "model", ids),
+        _logits(a / "checkpoints" / "step_6" / "model", ids),
+    )
+    assert float((end - start).abs().max()) > 1e-4  # the steps changed the model
+    _assert_same_model(a / "checkpoints" / "step_4" / "model", b / "checkpoints" / "step_4" / "model", ids)
+    _assert_same_model(a / "checkpoints" / "step_6" / "model", c / "checkpoints" / "step_6" / "model", ids)

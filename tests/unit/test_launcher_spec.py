@@ -175,6 +175,8 @@ def test_torchrun_exit_status():
     assert exit_status([75, 75]) == 75
     assert exit_status([75]) == 75  # the others were stopped by the agent after the first exit
     assert exit_status([75, 1]) == 1 and exit_status([]) == 1
+    assert exit_status([76, 76]) == 76  # peers lost: every failed worker said so
+    assert exit_status([76, -9]) == 1 and exit_status([75, 76]) == 1
 
 
 def test_records_find_jobs_and_outputs(tmp_path):

@@ -85,3 +85,34 @@ def test_pairs_make_a_valid_preference_batch(tiny_model_path):
     # the trained tokens are the reply and EOS, never the prompt
     row = batch[F.INPUT_IDS][1][batch[F.LOSS_MASK][1] > 0].tolist()
     assert row == [*tok("3", add_special_tokens=False)["input_ids"], tok.eos_token_id]
+
+
+def test_the_pairs_workflow_presents_generated_pairs_as_the_task_does(tiny_model_path):
+    from nemo_azr.rollout.single_turn import encode_prompt
+    from nemo_azr.tasks.preference_data import pair_examples
+    from nemo_azr.tasks.preference_workflow import PreferencePairsWorkflow
+
+    tok = load_tokenizer(tiny_model_path)
+    cfg = DataConfig()
+    cfg.system_prompt = "Answer with a number."
+    task = ArithmeticTask(cfg)
+    pairs = arithmetic_pairs(task.examples[:3], seed=0)
+    batch = PreferencePairsWorkflow(task, tok, task_prompts=True).run(
+        pair_examples(pairs), None, None, step=0
+    )
+    validate_preference_batch(batch, paired=True)
+    assert batch[F.REWARDS].tolist() == [1.0, 0.0] * 3  # the reward stage's output is the label
+    assert len(set(batch.meta[F.UID])) == 6 and batch.meta[F.GROUP_ID] == batch.meta[F.PAIR_ID]
+    assert batch.meta[F.RESPONSE_TEXT][:2] == [pairs[0].chosen, pairs[0].rejected]
+    want = encode_prompt(tok, task.messages(task.examples[0]))  # system prompt included
+    assert _prompt_tokens(batch, 0) == want
+    plain = PreferencePairsWorkflow(task, tok, task_prompts=False).run(
+        pair_examples(pairs), None, None, step=0
+    )
+    assert _prompt_tokens(plain, 0) == encode_prompt(tok, [{"role": "user", "content": pairs[0].prompt}])
+
+
+def _prompt_tokens(batch, row: int) -> list[int]:
+    """Row ``row``'s prompt: its real tokens outside the loss mask."""
+    keep = (batch[F.ATTENTION_MASK][row] > 0) & (batch[F.LOSS_MASK][row] == 0)
+    return batch[F.INPUT_IDS][row][keep].tolist()

@@ -146,7 +146,9 @@ class MegatronPolicy(PPOUpdateMixin):
         # replace them.
         share = share_parallel_groups or not trainable
         if not share or not ps.model_parallel_is_initialized():
-            initialize_parallel(self.layout, seed=cfg.seed, backend=self.resolved.backend)
+            initialize_parallel(
+                self.layout, seed=cfg.seed, backend=self.resolved.backend, timeout_s=cfg.parallel.timeout_s
+            )
         dtype = getattr(torch, cfg.model.dtype)
         # One model chunk per virtual pipeline stage (interleaved schedule), else one.
         self.chunks = [

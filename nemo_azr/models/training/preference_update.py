@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from nemo_azr.algorithms.preference import sequence_logps
+from nemo_azr.algorithms.preference import PAIRED_LOSSES, sequence_logps
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.preference import pair_rows, validate_preference_batch
@@ -21,9 +21,6 @@ from nemo_azr.models.training.microbatch import trim_padding
 from nemo_azr.registry import PREFERENCE_LOSSES
 
 __all__ = ["PAIRED_LOSSES", "PreferenceUpdateMixin"]
-
-#: Losses the step trains: a pair's two rows in, one loss out.
-PAIRED_LOSSES = ("dpo", "ipo")
 
 
 class PreferenceUpdateMixin:
