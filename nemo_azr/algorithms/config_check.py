@@ -122,6 +122,7 @@ def check_preference_config(cfg: NemoAzrConfig) -> None:
         f"preference.loss={pref.loss!r} is not one of: '' (off), {', '.join(PAIRED_LOSSES)}",
     )
     require(pref.beta > 0, f"preference.beta must be > 0, got {pref.beta}")
+    one_of("preference.pair_style", pref.pair_style, ("bare", "equation"))
     require(
         0 <= pref.label_smoothing < 0.5,
         f"preference.label_smoothing must be in [0, 0.5), got {pref.label_smoothing}",

@@ -557,6 +557,7 @@ class PreferenceConfig:
     beta: float = 0.1  # weight of the implicit KL to the reference (the frozen initial policy)
     label_smoothing: float = 0.0  # dpo: the share of pairs taken as mislabelled (conservative DPO)
     pairs_path: str = ""  # JSONL {prompt, chosen, rejected[, id]}; "": generated (data.task=arithmetic)
+    pair_style: str = "bare"  # generated pairs' replies: bare ("27") | equation ("48 - 21 = 27")
 
 
 @dataclass

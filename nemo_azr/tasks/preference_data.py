@@ -85,9 +85,18 @@ def write_pairs_jsonl(pairs: Sequence[PreferencePair], path: str | Path) -> None
     file.write_text("".join(json.dumps(asdict(p)) + "\n" for p in pairs), encoding="utf-8")
 
 
-def arithmetic_pairs(examples: Sequence[Example], *, seed: int = 0) -> list[PreferencePair]:
-    """For each arithmetic problem: the right answer as a bare number (chosen) against a near miss,
-    the answer off by 1 to 3 and never negative (rejected), as the task's replies are read."""
+#: How a generated arithmetic reply is written: ``bare`` ("27"), ``equation`` ("48 - 21 = 27", the
+#: restated equation instruct models answer with; the task's reader accepts both).
+PAIR_STYLES = ("bare", "equation")
+
+
+def arithmetic_pairs(
+    examples: Sequence[Example], *, seed: int = 0, style: str = "bare"
+) -> list[PreferencePair]:
+    """For each arithmetic problem: the right answer (chosen) against a near miss, the answer off by
+    1 to 3 and never negative (rejected), both written in ``style``, as the task's replies are read."""
+    if style not in PAIR_STYLES:
+        raise ValueError(f"pair style {style!r} is not one of {PAIR_STYLES}")
     rng = random.Random(seed)
     pairs = []
     for ex in examples:
@@ -95,7 +104,8 @@ def arithmetic_pairs(examples: Sequence[Example], *, seed: int = 0) -> list[Pref
         wrong = gold
         while wrong == gold or wrong < 0:
             wrong = gold + rng.choice((-3, -2, -1, 1, 2, 3))
-        pairs.append(PreferencePair(ex.prompt_id, ex.question, str(gold), str(wrong)))
+        lead = f"{ex.meta['a']} {ex.meta['op']} {ex.meta['b']} = " if style == "equation" else ""
+        pairs.append(PreferencePair(ex.prompt_id, ex.question, f"{lead}{gold}", f"{lead}{wrong}"))
     return pairs
 
 

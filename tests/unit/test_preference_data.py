@@ -66,6 +66,14 @@ def test_arithmetic_pairs_are_right_against_a_near_miss_by_the_tasks_reader():
         assert task.reward(ex, pair.chosen) == 1.0 and task.reward(ex, pair.rejected) == 0.0
         assert 1 <= abs(int(pair.rejected) - int(ex.answer)) <= 3 and int(pair.rejected) >= 0
     assert arithmetic_pairs(examples, seed=3) == pairs  # seeded
+    # the restated equation: the same answers, written as the model writes them, still read right
+    equations = arithmetic_pairs(examples, seed=3, style="equation")
+    for ex, pair, eq in zip(examples, pairs, equations):
+        lead = f"{ex.meta['a']} {ex.meta['op']} {ex.meta['b']} = "
+        assert (eq.chosen, eq.rejected) == (lead + pair.chosen, lead + pair.rejected)
+        assert task.reward(ex, eq.chosen) == 1.0 and task.reward(ex, eq.rejected) == 0.0
+    with pytest.raises(ValueError, match="pair style 'prose'"):
+        arithmetic_pairs(examples, style="prose")
 
 
 def test_pairs_from_scored_replies_take_a_best_and_a_worst():
