@@ -34,7 +34,7 @@ def preference_pairs_source(cfg: NemoAzrConfig, task: Task, tokenizer) -> tuple[
     pairs = (
         load_pairs_jsonl(pref.pairs_path)
         if pref.pairs_path
-        else arithmetic_pairs(task.examples, seed=cfg.seed)
+        else arithmetic_pairs(task.examples, seed=cfg.seed, style=pref.pair_style)
     )
     workflow = PreferencePairsWorkflow(task, tokenizer, task_prompts=not pref.pairs_path)
     return build_prompt_loader(pair_examples(pairs), cfg.data, cfg.seed), workflow

@@ -74,3 +74,23 @@ def test_a_resumed_preference_run_continues_the_uninterrupted_one(tiny_cache, tm
     got = without_machine_metrics(read_metrics(part / "metrics.jsonl"))
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     assert got == want
+
+
+@pytest.mark.parametrize("style", ["bare", "equation"])
+def test_generated_arithmetic_pairs_reach_the_steps_in_their_style(tiny_cache, tmp_path, style):
+    out = tmp_path / style
+    cfg = load_config(
+        [
+            f"model.tiny.cache_dir={tiny_cache}",
+            "logger=quiet",
+            f"trainer.output_dir={out}",
+            "sft_warmup.steps=0",
+            "data.task=arithmetic",
+            "preference.loss=dpo",
+            f"preference.pair_style={style}",
+            "trainer.max_steps=1",
+        ]
+    )
+    Trainer(cfg).fit()
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert samples and all((" = " in s["response"]) == (style == "equation") for s in samples)
