@@ -68,8 +68,7 @@ def is_peer_failure(exc: BaseException) -> bool:
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        dist_error = getattr(dist, "DistError", None)
-        if (dist_error is not None and isinstance(exc, dist_error)) or (
+        if isinstance(exc, dist.DistError) or (
             isinstance(exc, RuntimeError) and _PEER_FAILURE.search(str(exc))
         ):
             return True
@@ -84,12 +83,14 @@ class Heartbeat:
     store: dist.Store
     rank: int
     world: int
-    interval_s: float
     address: str
     timeout_s: float
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    failure: str = ""  # why the beat stopped early (the store became unreachable)
+
+    @property
+    def interval_s(self) -> float:
+        return heartbeat_interval(self.timeout_s)
 
     def start(self) -> None:
         self.store.set(_NODE_KEY.format(rank=self.rank), node_name())
@@ -101,8 +102,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self.store.add(key, 1)
-            except Exception as exc:  # noqa: BLE001 - the store's host is gone: nothing left to beat to
-                self.failure = first_line(exc)
+            except Exception:  # noqa: BLE001 - the store's host is gone: nothing left to beat to
                 return
             self._stop.wait(self.interval_s)
 
@@ -155,7 +155,6 @@ def start_heartbeat(timeout_s: float) -> Heartbeat | None:
         store,
         dist.get_rank(),
         dist.get_world_size(),
-        heartbeat_interval(timeout_s),
         f"{addr}:{port}",
         timeout_s,
     )
