@@ -111,17 +111,32 @@ def check_off_policy_config(cfg: NemoAzrConfig, megatron: bool) -> None:
 
 
 def check_preference_config(cfg: NemoAzrConfig) -> None:
-    """``preference.*``: a paired loss, and a run that has no rollout for it to replace oddly."""
+    """``preference.*``: a known loss, and a run that has no rollout for it to replace oddly."""
     from nemo_azr.algorithms.preference import PAIRED_LOSSES
 
     pref = cfg.preference
     if not pref.loss:
         return
     require(
-        pref.loss in PAIRED_LOSSES,
-        f"preference.loss={pref.loss!r} is not one of: '' (off), {', '.join(PAIRED_LOSSES)}",
+        pref.loss in (*PAIRED_LOSSES, "kto"),
+        f"preference.loss={pref.loss!r} is not one of: '' (off), {', '.join(PAIRED_LOSSES)}, kto",
     )
     require(pref.beta > 0, f"preference.beta must be > 0, got {pref.beta}")
+    require(
+        pref.desirable_weight > 0 and pref.undesirable_weight > 0,
+        f"preference.desirable_weight and undesirable_weight must be > 0, got "
+        f"{pref.desirable_weight} and {pref.undesirable_weight}",
+    )
+    require(
+        pref.loss == "kto" or (pref.desirable_weight == 1.0 and pref.undesirable_weight == 1.0),
+        f"preference.desirable_weight / undesirable_weight are KTO's; preference.loss={pref.loss} has "
+        "none (leave them at 1.0)",
+    )
+    require(
+        pref.loss != "kto" or cfg.data.prompts_per_step >= 2,
+        "preference.loss=kto estimates its reference point from other pairs' responses in the step: "
+        f"data.prompts_per_step must be >= 2, got {cfg.data.prompts_per_step}",
+    )
     one_of("preference.pair_style", pref.pair_style, ("bare", "equation"))
     require(
         0 <= pref.label_smoothing < 0.5,

@@ -553,9 +553,11 @@ class PreferenceConfig:
     """Direct preference optimisation (seed 004, class 5): steps train on chosen / rejected pairs
     instead of rollouts (docs/algorithms.md). Off while ``loss`` is empty."""
 
-    loss: str = ""  # "" (off: reinforcement learning) | dpo | ipo
+    loss: str = ""  # "" (off: reinforcement learning) | dpo | ipo | kto
     beta: float = 0.1  # weight of the implicit KL to the reference (the frozen initial policy)
     label_smoothing: float = 0.0  # dpo: the share of pairs taken as mislabelled (conservative DPO)
+    desirable_weight: float = 1.0  # kto: lambda_D, the weight of a desirable (chosen) response's loss
+    undesirable_weight: float = 1.0  # kto: lambda_U, the weight of an undesirable (rejected) one's
     pairs_path: str = ""  # JSONL {prompt, chosen, rejected[, id]}; "": generated (data.task=arithmetic)
     pair_style: str = "bare"  # generated pairs' replies: bare ("27") | equation ("48 - 21 = 27")
 

@@ -97,10 +97,17 @@ class Workflow(Protocol):
 
 @runtime_checkable
 class PreferencePolicy(Protocol):
-    """A policy backend that trains a paired preference loss (seed 004 class 5: DPO, IPO):
-    ``preference_step(batch, loss=, beta=, label_smoothing=)`` does one optimizer step over the
-    batch's pairs and returns ``preference/*`` metrics (docs/algorithms.md)."""
+    """A policy backend that trains a preference loss (seed 004 class 5: DPO, IPO over pairs, KTO over
+    labelled rows): ``preference_step(batch, loss=, beta=, ...)`` does one optimizer step over the
+    batch and returns ``preference/*`` metrics (docs/algorithms.md)."""
 
     def preference_step(
-        self, batch: Any, *, loss: str, beta: float, label_smoothing: float = 0.0
+        self,
+        batch: Any,
+        *,
+        loss: str,
+        beta: float,
+        label_smoothing: float = 0.0,
+        desirable_weight: float = 1.0,
+        undesirable_weight: float = 1.0,
     ) -> dict[str, float]: ...

@@ -59,6 +59,9 @@ POLICY_VERSION = "policy_version"
 PROMPT_TEXT = "prompt_text"
 RESPONSE_TEXT = "response_text"
 PAIR_ID = "pair_id"  # preference pairs: the chosen and the rejected row of one pair share it
+#: KTO: True on a mismatched row (one example's prompt, another's response) that only estimates the
+#: reference point KL(pi || ref); its preference_label is not read
+KL_ROW = "kl_row"
 
 
 class Role(str, Enum):

@@ -30,6 +30,7 @@ __all__ = [
     "example_pair",
     "pair_examples",
     "load_pairs_jsonl",
+    "mismatched_partners",
     "pairs_from_scored_replies",
     "pairs_to_batch",
     "write_pairs_jsonl",
@@ -135,15 +136,37 @@ def example_pair(example: Example) -> PreferencePair:
     return example.meta["pair"]
 
 
+def mismatched_partners(prompt_keys: Sequence[object]) -> list[int]:
+    """For each row, the next row (cyclically) whose prompt differs: whose response KTO's mismatched
+    row pairs with this row's prompt. :class:`DataError` when every row has the same prompt."""
+    n = len(prompt_keys)
+    partners = []
+    for i, key in enumerate(prompt_keys):
+        j = next((k % n for k in range(i + 1, i + n) if prompt_keys[k % n] != key), None)
+        if j is None:
+            raise DataError(
+                "KTO's reference point needs at least two different prompts in a step's batch "
+                "(raise data.prompts_per_step)"
+            )
+        partners.append(j)
+    return partners
+
+
 def pairs_to_batch(
     pairs: Sequence[PreferencePair],
     tokenizer,
     *,
     messages: Callable[[PreferencePair], list[dict]] | None = None,
+    kl_rows: bool = False,
 ) -> Batch:
     """Two rows per pair (chosen, rejected): the chat-template prompt, the reply and EOS (trained),
     ``preference_label`` 1 / 0 and a shared ``pair_id``. ``messages`` gives a pair's prompt messages
-    (a task's system prompt and demonstrations); by default the prompt is one user message."""
+    (a task's system prompt and demonstrations); by default the prompt is one user message.
+
+    ``kl_rows`` (KTO) appends one mismatched row per row, ``kl_row`` meta True: the row's prompt with
+    the response of the next row (cyclically) whose prompt differs, as TRL's KTO shifts completions
+    within a batch; their mean log-ratio is the reference point. A batch whose rows all share one
+    prompt has no mismatched response: :class:`DataError`."""
     prompts, responses, labels, pair_ids = [], [], [], []
     eos = tokenizer.eos_token_id
     for pair in pairs:
@@ -154,7 +177,16 @@ def pairs_to_batch(
             responses.append([*tokenizer(reply, add_special_tokens=False)["input_ids"], eos])
             labels.append(label)
             pair_ids.append(pair.id)
+    meta: dict[str, list] = {F.PAIR_ID: pair_ids}
+    if kl_rows:
+        n = len(prompts)
+        for i, j in enumerate(mismatched_partners([tuple(p) for p in prompts])):
+            prompts.append(prompts[i])
+            responses.append(responses[j])
+            labels.append(0)  # not read: a kl_row has no label
+            pair_ids.append(pair_ids[i])
+        meta[F.KL_ROW] = [False] * n + [True] * n
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    batch = Batch(pack_prompt_response(prompts, responses, None, pad_id=pad), {F.PAIR_ID: pair_ids})
+    batch = Batch(pack_prompt_response(prompts, responses, None, pad_id=pad), meta)
     batch[F.PREFERENCE_LABEL] = torch.tensor(labels)
     return batch

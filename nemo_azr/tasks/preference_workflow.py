@@ -14,7 +14,12 @@ from collections.abc import Sequence
 from nemo_azr.contracts import Batch, Role, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.task import Example, Task
-from nemo_azr.tasks.preference_data import PreferencePair, example_pair, pairs_to_batch
+from nemo_azr.tasks.preference_data import (
+    PreferencePair,
+    example_pair,
+    mismatched_partners,
+    pairs_to_batch,
+)
 
 __all__ = ["PreferencePairsWorkflow"]
 
@@ -24,21 +29,30 @@ class PreferencePairsWorkflow:
 
     rows_per_prompt = 2  # a chosen and a rejected row per pair (the LR schedule counts rows)
 
-    def __init__(self, task: Task, tokenizer, *, task_prompts: bool) -> None:
+    def __init__(self, task: Task, tokenizer, *, task_prompts: bool, kl_rows: bool = False) -> None:
         """``task_prompts``: present each pair's prompt as ``task`` presents a question (its system
-        prompt and demonstrations: pairs generated from the task); else as one user message."""
+        prompt and demonstrations: pairs generated from the task); else as one user message.
+        ``kl_rows`` (KTO): the batch also holds a mismatched row per row (``pairs_to_batch``)."""
         self.task = task
         self.tokenizer = tokenizer
         self.task_prompts = task_prompts
+        self.kl_rows = kl_rows
+        if kl_rows:
+            self.rows_per_prompt = 4  # the pair's two rows and their two mismatched rows
 
     def _messages(self, pair: PreferencePair) -> list[dict]:
         return self.task.messages(Example(pair.id, pair.prompt, pair.chosen))
 
     def run(self, examples: Sequence[Example], backend, sampling, *, step: int) -> Batch:
         pairs = [example_pair(ex) for ex in examples]
-        batch = pairs_to_batch(pairs, self.tokenizer, messages=self._messages if self.task_prompts else None)
+        batch = pairs_to_batch(
+            pairs,
+            self.tokenizer,
+            messages=self._messages if self.task_prompts else None,
+            kl_rows=self.kl_rows,
+        )
         labels = batch[F.PREFERENCE_LABEL]
-        batch[F.REWARDS] = labels.float()  # the reward stage's output: the label
+        batch[F.REWARDS] = labels.float()  # the reward stage's output: the label (0 on a mismatched row)
         meta = {F.UID: [], F.GROUP_ID: [], F.PROMPT_ID: [], F.PROMPT_TEXT: [], F.RESPONSE_TEXT: []}
         for pair in pairs:
             for kind, reply in (("chosen", pair.chosen), ("rejected", pair.rejected)):
@@ -47,6 +61,12 @@ class PreferencePairsWorkflow:
                 meta[F.PROMPT_ID].append(pair.id)
                 meta[F.PROMPT_TEXT].append(pair.prompt)
                 meta[F.RESPONSE_TEXT].append(reply)
+        if self.kl_rows:  # row i + n is row i's prompt with row j's response (pairs_to_batch)
+            partners = mismatched_partners(meta[F.PROMPT_TEXT])
+            texts = meta[F.RESPONSE_TEXT]
+            for key in meta:
+                meta[key] = meta[key] + [f"{v}-kl" if key == F.UID else v for v in meta[key]]
+            meta[F.RESPONSE_TEXT][len(texts) :] = [texts[j] for j in partners]
         meta[F.ROLE] = [Role.SOLVER.value] * len(batch)
         meta[F.SAMPLE_TYPE] = [SampleType.ANSWER.value] * len(batch)
         batch.meta.update(meta)

@@ -15,6 +15,7 @@ from typing import Any
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.capabilities import PreferencePolicy
+from nemo_azr.contracts.preference import kto_rows
 from nemo_azr.contracts.task import Task
 from nemo_azr.errors import ConfigError
 from nemo_azr.tasks.dataloader import build_prompt_loader
@@ -36,7 +37,9 @@ def preference_pairs_source(cfg: NemoAzrConfig, task: Task, tokenizer) -> tuple[
         if pref.pairs_path
         else arithmetic_pairs(task.examples, seed=cfg.seed, style=pref.pair_style)
     )
-    workflow = PreferencePairsWorkflow(task, tokenizer, task_prompts=not pref.pairs_path)
+    workflow = PreferencePairsWorkflow(
+        task, tokenizer, task_prompts=not pref.pairs_path, kl_rows=pref.loss == "kto"
+    )
     return build_prompt_loader(pair_examples(pairs), cfg.data, cfg.seed), workflow
 
 
@@ -66,7 +69,12 @@ class PreferenceModeMixin:
         t_logprob = time.perf_counter()
         metrics.update(
             self.policy.preference_step(
-                batch, loss=pref.loss, beta=pref.beta, label_smoothing=pref.label_smoothing
+                batch,
+                loss=pref.loss,
+                beta=pref.beta,
+                label_smoothing=pref.label_smoothing,
+                desirable_weight=pref.desirable_weight,
+                undesirable_weight=pref.undesirable_weight,
             )
         )
         t_update = time.perf_counter()
@@ -75,7 +83,10 @@ class PreferenceModeMixin:
         t_refit = time.perf_counter()
         self.state.samples_seen += len(batch)
         self.state.consecutive_skips = 0
-        self.last_samples = select_samples(batch, self.cfg.logger.samples_per_step, step=step + 1)
+        labelled = (
+            batch.index(kto_rows(batch)[0]) if F.KL_ROW in batch.meta else batch
+        )  # not KTO's mismatched rows
+        self.last_samples = select_samples(labelled, self.cfg.logger.samples_per_step, step=step + 1)
         lengths = batch[F.LOSS_MASK].float().sum(-1)
         metrics.update(
             {

@@ -93,7 +93,10 @@ from tests.cli_errors import cli_error
             ["model=megatron", "critic.shared_trunk=true"],
             "critic.shared_trunk=true puts the value head on the hf policy",
         ),
-        (["preference.loss=kto"], "preference.loss='kto' is not one of: '' (off), dpo, ipo"),
+        (["preference.loss=orpo"], "preference.loss='orpo' is not one of: '' (off), dpo, ipo, kto"),
+        (["preference.loss=kto", "data.prompts_per_step=1"], "data.prompts_per_step must be >= 2"),
+        (["preference.loss=dpo", "preference.desirable_weight=2"], "are KTO's; preference.loss=dpo"),
+        (["preference.loss=kto", "preference.undesirable_weight=0"], "must be > 0, got 1.0 and 0"),
         (["preference.loss=dpo", "preference.beta=0"], "preference.beta must be > 0"),
         (
             ["preference.loss=ipo", "preference.label_smoothing=0.1"],

@@ -1,7 +1,7 @@
-"""``preference.loss=dpo|ipo``: the trainer's steps train on preference pairs (seed 004, class 5).
+"""``preference.loss=dpo|ipo|kto``: the trainer's steps train on preference pairs (seed 004, class 5).
 
 The first step's loss is the papers' value for a policy equal to its reference (DPO: log 2, IPO:
-(1 / (2 beta))^2, every implicit reward 0); steps over the same pairs lower the loss; a resumed run
+(1 / (2 beta))^2, KTO: lambda / 2, every implicit reward 0); steps over the same pairs lower the loss; a resumed run
 continues the uninterrupted one metric for metric (loader position, AdamW state, reference).
 """
 
@@ -60,6 +60,26 @@ def test_preference_steps_start_at_the_papers_value_and_lower_the_loss(
     assert rows[-1]["preference/reward_accuracy"] > 0.5
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {s["response"] for s in samples} <= {p.chosen for p in PAIRS} | {p.rejected for p in PAIRS}
+
+
+def test_kto_steps_train_on_the_pairs_rows_unpaired(tiny_cache, tmp_path, pairs_file):
+    out = tmp_path / "kto"
+    cfg = load_config(
+        _overrides(
+            tiny_cache, out, pairs_file, "preference.loss=kto", "preference.beta=0.5", "trainer.max_steps=6"
+        )
+    )
+    assert Trainer(cfg).fit().status == "completed"
+    rows = read_metrics(out / "metrics.jsonl")
+    assert rows[0]["preference/loss"] == pytest.approx(0.5, rel=1e-5)  # lambda (1 - sigmoid(0)), lambda = 1
+    assert rows[0]["preference/kl_reference"] == pytest.approx(0.0, abs=1e-6)
+    # 8 chosen + 8 rejected rows, and one mismatched row each for the reference point
+    assert all(r["preference/examples"] == 16 and r["batch/rows"] == 32 for r in rows)
+    assert rows[-1]["preference/loss"] < rows[0]["preference/loss"]
+    assert rows[-1]["preference/reward_margin"] > 0
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    replies = {(p.prompt, p.chosen) for p in PAIRS} | {(p.prompt, p.rejected) for p in PAIRS}
+    assert samples and {(s["prompt"], s["response"]) for s in samples} <= replies
 
 
 def test_a_resumed_preference_run_continues_the_uninterrupted_one(tiny_cache, tmp_path, pairs_file):

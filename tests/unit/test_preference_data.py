@@ -124,3 +124,41 @@ def _prompt_tokens(batch, row: int) -> list[int]:
     """Row ``row``'s prompt: its real tokens outside the loss mask."""
     keep = (batch[F.ATTENTION_MASK][row] > 0) & (batch[F.LOSS_MASK][row] == 0)
     return batch[F.INPUT_IDS][row][keep].tolist()
+
+
+def _response_tokens(batch, row: int) -> list[int]:
+    return batch[F.INPUT_IDS][row][batch[F.LOSS_MASK][row] > 0].tolist()
+
+
+def test_kto_batches_pair_each_prompt_with_another_prompts_response(tiny_model_path):
+    """Row i + 4 is row i's prompt with the response of the next row whose prompt differs (rows 0, 1
+    share pair a's prompt, so both take pair b's first row, as TRL's shifted completions would)."""
+    from nemo_azr.contracts.preference import kto_rows
+
+    tok = load_tokenizer(tiny_model_path)
+    pairs = [PreferencePair("a", "What is 1 + 1?", "2", "3"), PreferencePair("b", "Hi", "Hello", "Go away")]
+    batch = pairs_to_batch(pairs, tok, kl_rows=True)
+    validate_preference_batch(batch, paired=False, kl_rows=True)
+    examples, mismatched = kto_rows(batch)
+    assert examples.tolist() == [0, 1, 2, 3] and mismatched.tolist() == [4, 5, 6, 7]
+    for row, source in zip(range(4, 8), [2, 2, 0, 0]):
+        assert _prompt_tokens(batch, row) == _prompt_tokens(batch, row - 4)
+        assert _response_tokens(batch, row) == _response_tokens(batch, source)
+    with pytest.raises(DataError, match="at least two different prompts"):
+        pairs_to_batch(pairs[:1], tok, kl_rows=True)
+
+
+def test_the_pairs_workflow_names_kto_mismatched_responses(tiny_model_path):
+    from nemo_azr.tasks.preference_data import pair_examples
+    from nemo_azr.tasks.preference_workflow import PreferencePairsWorkflow
+
+    tok = load_tokenizer(tiny_model_path)
+    task = ArithmeticTask(DataConfig())
+    pairs = arithmetic_pairs(task.examples[:3], seed=0)
+    batch = PreferencePairsWorkflow(task, tok, task_prompts=True, kl_rows=True).run(
+        pair_examples(pairs), None, None, step=0
+    )
+    assert len(batch) == 12 and batch.meta[F.KL_ROW] == [False] * 6 + [True] * 6
+    assert batch.meta[F.RESPONSE_TEXT][6:8] == [pairs[1].chosen, pairs[1].chosen]
+    assert batch.meta[F.PROMPT_TEXT][6:8] == [pairs[0].prompt, pairs[0].prompt]
+    assert len(set(batch.meta[F.UID])) == 12
