@@ -1,4 +1,4 @@
-"""``nemo-azr`` command line: ``train``, ``eval``, ``convert``, ``plot-selfplay``, ``make-tiny-model``, ``show-config``.
+"""``nemo-azr`` command line: ``train``, ``eval``, ``train-rm``, ``convert``, ``plot-selfplay``, ``make-tiny-model``, ``show-config``.
 
 Everything after the sub-command is a Hydra override (``trainer.max_steps=50 algorithm=rloo``).
 User-facing problems print one ``nemo-azr: error: ...`` line and exit with status 2.
@@ -181,6 +181,14 @@ def _plot_selfplay(overrides: list[str]) -> int:
     return 0
 
 
+def _train_rm(overrides: list[str]) -> int:
+    from nemo_azr.preflight import load_config
+    from nemo_azr.trainer.reward_model_training import train_reward_model
+
+    train_reward_model(load_config(overrides), progress=lambda m: print(m, flush=True))
+    return 0
+
+
 CONVERT_USAGE = (
     "usage: nemo-azr convert {hf-to-megatron,megatron-to-hf} SRC OUT [overrides...] "
     "(overrides pick the layout, e.g. parallel=tp2pp1 under torchrun)"
@@ -242,6 +250,10 @@ COMMANDS = {
         _eval,
         "score a checkpoint on the held-out split (greedy): accuracy; RLCR also ECE/Brier/AUROC + reliability diagram",
     ),
+    "train-rm": (
+        _train_rm,
+        "train a reward model on preference pairs (Bradley-Terry; held-out accuracy) for reward_model.path",
+    ),
     "plot-selfplay": (
         _plot_selfplay,
         "plot learnable ratio and proposer reward of a self-play run (<output_dir>/selfplay.png)",
@@ -262,6 +274,7 @@ COMMANDS = {
 TAKES_CONFIG = (
     "train",
     "eval",
+    "train-rm",
     "show-config",
     "plot-selfplay",
 )  # commands whose overrides compose the config

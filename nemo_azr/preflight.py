@@ -46,6 +46,7 @@ from nemo_azr.registry import (
     TASKS,
     WORKFLOWS,
 )
+from nemo_azr.rewards.config_check import check_reward_model_config
 from nemo_azr.rlcr.config_check import check_rlcr_config
 from nemo_azr.rollout.trtllm_config_check import check_trtllm_config
 from nemo_azr.selfplay.config_check import check_absolute_zero_config
@@ -214,6 +215,7 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     check_critic_config(cfg, rows, rows_desc)
     check_dapo_config(cfg)
     check_preference_config(cfg)
+    check_reward_model_config(cfg)
     check_throughput_config(cfg, megatron)
     check_off_policy_config(cfg, megatron)
 

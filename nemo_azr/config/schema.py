@@ -563,6 +563,25 @@ class PreferenceConfig:
 
 
 @dataclass
+class RewardModelConfig:
+    """Seed 004 class 4: a reward model's score as (part of) the reward, and ``nemo-azr train-rm``,
+    which trains one on preference pairs (docs/algorithms.md). Off while ``path`` is empty."""
+
+    path: str = ""  # an HF AutoModelForSequenceClassification folder (num_labels=1), e.g. train-rm's output
+    weight: float = 1.0  # reward = rule_weight * the task's rule reward + weight * the model's score
+    rule_weight: float = 0.0  # 0: the reward model alone
+    batch_size: int = 16  # replies scored per forward
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the scoring model's own dtype
+    # nemo-azr train-rm: pairs as preference.* reads them (pairs_path, or generated from data.task=arithmetic)
+    train_steps: int = 200
+    train_pairs_per_step: int = 8
+    train_lr: float = 1e-5
+    heldout_pairs: int = 100  # scored for accuracy (arithmetic: pairs of the held-out problems)
+    eval_every: int = 50  # held-out loss and accuracy every N steps, and at the end
+    out: str = ""  # where train-rm writes the model; "": <trainer.output_dir>/reward_model
+
+
+@dataclass
 class NemoAzrConfig:
     experiment_name: str = "default"
     seed: int = 0
@@ -581,6 +600,7 @@ class NemoAzrConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     absolute_zero: AbsoluteZeroConfig = field(default_factory=AbsoluteZeroConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # modules imported before the config is checked, so the components they register (an estimator,
     # a loss, a task, a workflow, an environment, a backend) can be named: "my_pkg.my_module" or a

@@ -51,6 +51,7 @@ from nemo_azr.registry import (
     POLICY_BACKENDS,
     WORKFLOWS,
 )
+from nemo_azr.rewards.reward_model import RewardModel
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
@@ -73,6 +74,7 @@ from nemo_azr.trainer.checkpointing import (
 )
 from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics
 from nemo_azr.trainer.metrics import MetricsLogger
+from nemo_azr.trainer.model_rewards import add_reward_model_scores
 from nemo_azr.trainer.output_lock import acquire_output_lock, release_output_lock
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
 from nemo_azr.trainer.preference_mode import PreferenceModeMixin, preference_pairs_source
@@ -191,6 +193,12 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
         self.critic = self._build_critic(role_estimators)  # first: a shared-trunk head joins the optimizer
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
+        rm = cfg.reward_model
+        self.reward_model = (
+            RewardModel(rm.path, device=self.device, dtype=rm.dtype, batch_size=rm.batch_size)
+            if rm.path
+            else None
+        )
         self.ref = None
         if cfg.preference.loss:
             self._check_preference_policy()
@@ -323,7 +331,7 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         t_rollout = time.perf_counter()
 
         if F.REWARDS not in batch.tensors:  # a workflow may fuse rollout and reward
-            batch = score_batch(batch, self.task)
+            batch = self._score(batch, metrics)
         for reason, count in batch.info.get("answer_rejections", {}).items():
             metrics[f"reward/answer_{reason}"] = float(count)
         reward_errors = batch.info.get("reward_errors")
@@ -462,7 +470,7 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         while num_groups(kept) < target and rounds < cfg.algorithm.max_sampling_rounds:
             more = self.workflow.run(self.loader.next_batch(), self.backend, self.sampling, step=step)
             if F.REWARDS not in more.tensors:
-                more = score_batch(more, self.task)
+                more = self._score(more, {})
             more, _ = drop_nonfinite_rewards(more)
             if more is not None:
                 more = retag_round(more, rounds)
@@ -542,12 +550,21 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         metrics["trainer/step_skipped"] = 1.0
         return metrics
 
+    def _score(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        """The reward stage: the task's rule reward, then the reward model's score mixed in."""
+        batch = score_batch(batch, self.task)
+        if self.reward_model is not None:
+            metrics.update(
+                add_reward_model_scores(batch, self.reward_model, self.task, self.cfg.reward_model)
+            )
+        return batch
+
     def _greedy_baseline(self, batch: Batch, examples, step: int) -> torch.Tensor:
         """ReMax: the reward of one greedy rollout per prompt, broadcast to the prompt's rows."""
         greedy = sampling_from_config(self.cfg.generation, n=1, greedy=True)
         base = self.workflow.run(examples, self.backend, greedy, step=step)
         if F.REWARDS not in base.tensors:
-            base = score_batch(base, self.task)
+            base = self._score(base, {})
         base, _ = drop_nonfinite_rewards(base)
         if base is None:
             raise RewardError("the greedy baseline rollout got only NaN/inf rewards")

@@ -1,0 +1,129 @@
+"""A reward model's score as the reward (seed 004, class 4: preference-as-reward).
+
+A reward model is an HF ``AutoModelForSequenceClassification`` folder with one label (what
+``nemo-azr train-rm`` writes, or any such model a user brings): it reads the prompt as the chat
+template presents it, then the reply, and its logit at the reply's last token is the score. The
+same encoding (:func:`reward_model_input`) is used to train it and to score rollouts with it, so
+the training and the RL prompts match token for token.
+
+The Bradley-Terry loss a reward model is trained with on pairs (Ouyang et al. 2022, eq. 1):
+``-log sigmoid(r(x, y_w) - r(x, y_l))``, averaged over pairs; its accuracy is the share of pairs
+whose chosen reply scores higher.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from nemo_azr.errors import ConfigError
+from nemo_azr.rollout.single_turn import encode_prompt
+
+__all__ = ["RewardModel", "bradley_terry_loss", "reward_model_input", "right_padded"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean ``-log sigmoid(chosen - rejected)``, share of pairs with ``chosen > rejected``) over pairs."""
+    if chosen.shape != rejected.shape or chosen.dim() != 1:
+        raise ValueError(
+            f"Bradley-Terry loss: one score per pair each, got {tuple(chosen.shape)} and {tuple(rejected.shape)}"
+        )
+    loss = -F.logsigmoid(chosen - rejected).mean()
+    return loss, (chosen.detach() > rejected.detach()).float().mean()
+
+
+def reward_model_input(tokenizer, messages: list[dict], reply: str) -> list[int]:
+    """The prompt through the chat template (ending with the assistant header), then the reply's
+    tokens. No end-of-turn token: the score is read at the reply's last token, which is then the
+    last real token whatever the tokenizer pads with."""
+    return [*encode_prompt(tokenizer, messages), *tokenizer(reply, add_special_tokens=False)["input_ids"]]
+
+
+def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) ``[B, max_len]``, each row from position 0 (default positions hold)."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[i, : len(row)] = 1
+    return ids, mask
+
+
+def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One score per row: the classification head's logit at the row's last real token.
+
+    Read here rather than from the model's own pooling, which finds the last token by the pad id
+    (a reply token equal to it would move the read position); the head is the model's, so a folder
+    from any library scores the same."""
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    hidden = out.last_hidden_state
+    last = attention_mask.sum(-1) - 1
+    picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
+    return _head(model)(picked).squeeze(-1).float()
+
+
+def _head(model) -> torch.nn.Module:
+    for name in ("score", "classifier"):  # transformers' names for the sequence-classification head
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Linear):
+            return head
+    raise ConfigError(
+        f"reward model {type(model).__name__}: no linear 'score' / 'classifier' head; a reward model is an "
+        "AutoModelForSequenceClassification with num_labels=1"
+    )
+
+
+class RewardModel:
+    """A frozen reward model: ``score(messages, replies)`` -> one float per reply, batched."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 16,
+    ) -> None:
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        folder = Path(path).expanduser()
+        if not (folder / "config.json").is_file():
+            raise ConfigError(
+                f"reward_model.path={str(path)!r}: no model folder (config.json) there; `nemo-azr train-rm` "
+                "writes one"
+            )
+        if dtype not in DTYPES:
+            raise ConfigError(f"reward_model.dtype={dtype!r} is not one of {', '.join(DTYPES)}")
+        labels = AutoConfig.from_pretrained(folder).num_labels
+        if labels != 1:
+            raise ConfigError(
+                f"reward_model.path={str(path)!r} has {labels} labels; a reward model scores with one"
+            )
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"reward_model.path={str(path)!r}: no tokenizer there ({exc})") from None
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            folder, dtype=DTYPES[dtype], local_files_only=True
+        )
+        self.model.to(device).eval().requires_grad_(False)
+        self.device = torch.device(device)
+        self.batch_size = max(1, batch_size)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def score(self, messages: Sequence[list[dict]], replies: Sequence[str]) -> torch.Tensor:
+        """``[len(replies)]`` float32 scores on the CPU."""
+        rows = [reward_model_input(self.tokenizer, m, r) for m, r in zip(messages, replies, strict=True)]
+        scores = []
+        for start in range(0, len(rows), self.batch_size):
+            ids, mask = right_padded(rows[start : start + self.batch_size], self.pad_id)
+            scores.append(last_token_scores(self.model, ids.to(self.device), mask.to(self.device)).cpu())
+        return torch.cat(scores) if scores else torch.zeros(0)

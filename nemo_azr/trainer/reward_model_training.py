@@ -1,0 +1,187 @@
+"""``nemo-azr train-rm``: a reward model trained on preference pairs (seed 004, class 4).
+
+The base is ``model.path`` (the tiny model, a preset or an HF folder) with a fresh one-label
+classification head (``AutoModelForSequenceClassification``); the loss is Bradley-Terry over the
+pairs (``rewards/reward_model.py``). Pairs come as the preference runs read them: a JSONL file
+(``preference.pairs_path``; the last ``reward_model.heldout_pairs`` after a seeded shuffle are held
+out) or generated from the arithmetic task (training problems to train on, the held-out split's
+problems to measure on). Held-out loss and accuracy are logged every ``reward_model.eval_every``
+steps and at the end to ``<out>/metrics.jsonl``; the model, its tokenizer and ``rm_metrics.json``
+are written to a temporary folder that replaces ``<out>`` only when complete, so a crash leaves the
+previous model (or none), never half of one. Training is short (minutes) and restarts from the
+base rather than resuming.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts.task import Example, Task
+from nemo_azr.errors import DataError
+from nemo_azr.models.tiny import resolve_model_path
+from nemo_azr.models.tokenizer_build import load_tokenizer
+from nemo_azr.rewards.reward_model import (
+    bradley_terry_loss,
+    last_token_scores,
+    reward_model_input,
+    right_padded,
+)
+from nemo_azr.tasks import build_task
+from nemo_azr.tasks.preference_data import PreferencePair, arithmetic_pairs, load_pairs_jsonl
+from nemo_azr.utils.seeding import seed_everything
+
+__all__ = ["reward_model_output_dir", "train_reward_model"]
+
+Progress = Callable[[str], None]
+
+
+def reward_model_output_dir(cfg: NemoAzrConfig) -> Path:
+    return Path(cfg.reward_model.out or Path(cfg.trainer.output_dir) / "reward_model").expanduser()
+
+
+def _pair_sets(cfg: NemoAzrConfig) -> tuple[list[PreferencePair], list[PreferencePair], Task | None]:
+    """(training pairs, held-out pairs, the task whose prompts present them or None for one user message)."""
+    rm, pref = cfg.reward_model, cfg.preference
+    if pref.pairs_path:
+        pairs = load_pairs_jsonl(pref.pairs_path)
+        random.Random(cfg.seed).shuffle(pairs)
+        if len(pairs) <= rm.heldout_pairs:
+            raise DataError(
+                f"{pref.pairs_path}: {len(pairs)} pairs leave none to train on after reward_model.heldout_pairs="
+                f"{rm.heldout_pairs} held out"
+            )
+        return pairs[: -rm.heldout_pairs], pairs[-rm.heldout_pairs :], None
+    if cfg.data.task != "arithmetic":
+        raise DataError(
+            f"nemo-azr train-rm needs pairs: preference.pairs_path=FILE.jsonl, or data.task=arithmetic "
+            f"(right answer against a near miss); data.task={cfg.data.task} has no generator"
+        )
+    train_task, eval_task = build_task(cfg.data, "train"), build_task(cfg.data, "eval")
+    train = arithmetic_pairs(train_task.examples, seed=cfg.seed, style=pref.pair_style)
+    held_out = arithmetic_pairs(eval_task.examples, seed=cfg.seed + 1, style=pref.pair_style)
+    return train, held_out[: rm.heldout_pairs], train_task
+
+
+def _encode(pairs: list[PreferencePair], tokenizer, task: Task | None) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for p in pairs:
+        chat = (
+            task.messages(Example(p.id, p.prompt, p.chosen))
+            if task
+            else [{"role": "user", "content": p.prompt}]
+        )
+        out.append(
+            (reward_model_input(tokenizer, chat, p.chosen), reward_model_input(tokenizer, chat, p.rejected))
+        )
+    return out
+
+
+def _scores(model, rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) scores of ``rows``, both in one forward (differentiable)."""
+    ids, mask = right_padded([c for c, _ in rows] + [r for _, r in rows], pad_id)
+    scores = last_token_scores(model, ids, mask)
+    return scores[: len(rows)], scores[len(rows) :]
+
+
+@torch.no_grad()
+def _evaluate(model, rows, pad_id: int, batch: int) -> tuple[float, float]:
+    model.eval()
+    chosen, rejected = [], []
+    for start in range(0, len(rows), batch):
+        c, r = _scores(model, rows[start : start + batch], pad_id)
+        chosen.append(c)
+        rejected.append(r)
+    model.train()
+    loss, acc = bradley_terry_loss(torch.cat(chosen), torch.cat(rejected))
+    return float(loss), float(acc)
+
+
+def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[str, float]:
+    """Train, write ``<out>`` (model, tokenizer, ``rm_metrics.json``, ``metrics.jsonl``); return the final metrics."""
+    from transformers import AutoModelForSequenceClassification
+
+    rm = cfg.reward_model
+    if cfg.trainer.num_threads > 0:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    seed_everything(cfg.seed)
+    base = resolve_model_path(cfg.model.path, cfg.model.tiny)
+    tokenizer = load_tokenizer(base)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    train_pairs, held_out_pairs, task = _pair_sets(cfg)
+    train_rows, held_rows = _encode(train_pairs, tokenizer, task), _encode(held_out_pairs, tokenizer, task)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        base, num_labels=1, dtype=torch.float32, local_files_only=True
+    )
+    model.config.pad_token_id = pad_id
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.train_lr, weight_decay=0.0)
+
+    out = reward_model_output_dir(cfg)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    log = (tmp / "metrics.jsonl").open("w")
+    batch = rm.train_pairs_per_step
+    order: list[int] = []
+    rng = random.Random(cfg.seed)
+    loss0, acc0 = _evaluate(model, held_rows, pad_id, 2 * batch)
+    record = {"step": 0, "heldout/loss": loss0, "heldout/accuracy": acc0}
+    log.write(json.dumps(record) + "\n")
+    progress(
+        f"train-rm: {len(train_rows)} training pairs, {len(held_rows)} held out; step 0: held-out accuracy {acc0:.3f}"
+    )
+    start = time.perf_counter()
+    for step in range(1, rm.train_steps + 1):
+        if len(order) < batch:  # epochs of a seeded shuffle
+            more = list(range(len(train_rows)))
+            rng.shuffle(more)
+            order += more
+        picked, order = order[:batch], order[batch:]
+        chosen, rejected = _scores(model, [train_rows[i] for i in picked], pad_id)
+        loss, acc = bradley_terry_loss(chosen, rejected)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or 1.0))
+        optimizer.step()
+        record = {
+            "step": step,
+            "train/loss": float(loss.detach()),
+            "train/accuracy": float(acc),
+            "train/grad_norm": grad_norm,
+        }
+        if step % rm.eval_every == 0 or step == rm.train_steps:
+            record["heldout/loss"], record["heldout/accuracy"] = _evaluate(
+                model, held_rows, pad_id, 2 * batch
+            )
+            progress(
+                f"train-rm: step {step}/{rm.train_steps}, train loss {float(loss.detach()):.3f}, held-out loss "
+                f"{record['heldout/loss']:.3f}, accuracy {record['heldout/accuracy']:.3f}, "
+                f"{time.perf_counter() - start:.0f} s"
+            )
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+    log.close()
+    final = {
+        "heldout/accuracy_before": acc0,
+        "heldout/loss_before": loss0,
+        "heldout/accuracy": record["heldout/accuracy"],
+        "heldout/loss": record["heldout/loss"],
+        "train_pairs": float(len(train_rows)),
+        "heldout_pairs": float(len(held_rows)),
+        "steps": float(rm.train_steps),
+    }
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rm_metrics.json").write_text(json.dumps(final, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    progress(f"train-rm: wrote {out} (held-out accuracy {acc0:.3f} -> {final['heldout/accuracy']:.3f})")
+    return final

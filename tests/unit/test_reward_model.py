@@ -1,0 +1,103 @@
+"""Seed 004 class 4 pieces: the Bradley-Terry loss against hand-computed values, the reward model's
+scores against the model's own single-row pooling, and the reward mix against its formula."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nemo_azr.config.schema import RewardModelConfig
+from nemo_azr.contracts import Batch
+from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.task import Example
+from nemo_azr.errors import ConfigError
+from nemo_azr.rewards.reward_model import RewardModel, bradley_terry_loss, reward_model_input
+from nemo_azr.trainer.model_rewards import add_reward_model_scores
+
+
+def test_bradley_terry_loss_accuracy_and_gradient_by_hand():
+    chosen = torch.tensor([2.0, 0.0, 1.0], requires_grad=True)
+    rejected = torch.tensor([1.0, 1.0, 1.0])
+    loss, accuracy = bradley_terry_loss(chosen, rejected)
+    # margins 1, -1, 0: log(1 + e^-1), log(1 + e^1), log 2
+    want = (math.log1p(math.exp(-1)) + math.log1p(math.exp(1)) + math.log(2)) / 3
+    assert float(loss.detach()) == pytest.approx(want, abs=1e-6)
+    assert float(accuracy) == pytest.approx(1 / 3)  # a tie is not a win
+    loss.backward()
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    want_grad = [-sig(-1) / 3, -sig(1) / 3, -0.5 / 3]  # d/dc of -log sigmoid(c - r) = -sigmoid(r - c)
+    assert chosen.grad.tolist() == pytest.approx(want_grad, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def rm_folder(tiny_model_path, tmp_path_factory):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=1)
+    tok = AutoTokenizer.from_pretrained(tiny_model_path)
+    model.config.pad_token_id = tok.pad_token_id
+    folder = tmp_path_factory.mktemp("rm")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+CHATS = [
+    [{"role": "user", "content": "What is 2 + 3?"}],
+    [{"role": "user", "content": "What is 12 + 30? Answer with a number."}],
+    [{"role": "user", "content": "Hi"}],
+]
+REPLIES = ["5", "2 + 3 = 5, so the answer is 5", "42"]
+
+
+def test_scores_in_batches_equal_the_models_own_pooling_row_by_row(rm_folder):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    scorer = RewardModel(rm_folder, batch_size=2)  # rows of different lengths padded together
+    got = scorer.score(CHATS, REPLIES)
+    model = AutoModelForSequenceClassification.from_pretrained(rm_folder).eval()
+    tok = AutoTokenizer.from_pretrained(rm_folder)
+    for i, (chat, reply) in enumerate(zip(CHATS, REPLIES)):
+        ids = torch.tensor([reward_model_input(tok, chat, reply)])
+        assert ids[0, -1] != tok.pad_token_id  # so the model's pooling reads the last token too
+        with torch.no_grad():
+            want = model(input_ids=ids).logits[0, 0]
+        assert float(got[i]) == pytest.approx(float(want), abs=1e-5)
+    assert len(set(got.tolist())) == 3
+
+
+def test_a_model_that_is_not_a_reward_model_is_refused(tiny_model_path, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    AutoModelForSequenceClassification.from_pretrained(tiny_model_path, num_labels=2).save_pretrained(
+        tmp_path / "two"
+    )
+    with pytest.raises(ConfigError, match="has 2 labels"):
+        RewardModel(tmp_path / "two")
+    with pytest.raises(ConfigError, match="no model folder"):
+        RewardModel(tmp_path / "none")
+
+
+class _OneMessageTask:
+    def messages(self, example: Example) -> list[dict]:
+        return [{"role": "user", "content": example.question}]
+
+
+@pytest.mark.parametrize(("rule_weight", "weight"), [(0.0, 1.0), (1.0, 0.5)])
+def test_rewards_mix_the_rule_and_the_models_score(rm_folder, rule_weight, weight):
+    scorer = RewardModel(rm_folder)
+    examples = [Example(f"q{i}", chat[0]["content"], "") for i, chat in enumerate(CHATS)]
+    rule = torch.tensor([1.0, float("nan"), 0.0])  # the rule failed on row 1
+    batch = Batch({F.REWARDS: rule.clone()}, {"example": examples, F.RESPONSE_TEXT: REPLIES})
+    metrics = add_reward_model_scores(
+        batch, scorer, _OneMessageTask(), RewardModelConfig(weight=weight, rule_weight=rule_weight)
+    )
+    scores = scorer.score(CHATS, REPLIES)
+    want = weight * scores + (rule_weight * rule if rule_weight else 0)
+    torch.testing.assert_close(batch[F.REWARDS], want, equal_nan=True)
+    assert math.isfinite(float(batch[F.REWARDS][1])) == (rule_weight == 0)  # no rule: the row stays
+    assert metrics["reward/model_score_mean"] == pytest.approx(float(scores.mean()), abs=1e-6)
+    assert metrics["reward/rule_mean"] == pytest.approx(0.5)
