@@ -47,6 +47,7 @@ RESULTS_MD = RESULTS_DIR / "real_model.md"
 EXPERIMENTS = (
     "arithmetic_grpo_smollm2",
     "arithmetic_dpo_smollm2",
+    "arithmetic_rm_smollm2",
     "rlcr_two_turn_smollm2",
     "rlcr_single_turn_smollm2",
     "azr_code_smollm2",
@@ -138,6 +139,8 @@ def train_summary(out: Path, wall_s: float) -> dict:
                 ("reward/mean", "reward"),
                 ("preference/reward_accuracy", "pair_accuracy"),
                 ("preference/loss", "pair_loss"),
+                ("reward/model_score_mean", "model_score"),
+                ("reward/rule_mean", "rule_reward"),
             )  # fmt: skip
             for end, rows in (("first", records[:WINDOW]), ("last", records[-WINDOW:]))
             if rows and all(key in r for r in rows)
@@ -243,6 +246,35 @@ def run_heldout_selfplay(name: str, out: Path, base: list[str], trained: bool) -
     return result
 
 
+REWARD_MODEL = {"arithmetic_rm_smollm2"}  # train-rm first; a rule-reward run of the same budget beside it
+
+
+def run_reward_model_parts(name: str, out: Path, base: list[str]) -> dict:
+    """``nemo-azr train-rm`` (unless its folder is there), then GRPO with the task's rule reward on the
+    same config and budget (``reward_model.path=''``), trained and evaluated like the RM run."""
+    rm_dir = out / "reward_model"
+    if not (rm_dir / "rm_metrics.json").exists():
+        run([*nemo_azr(), "train-rm", *base], out / "train_rm.log")
+    rm_log = read_jsonl(rm_dir / "metrics.jsonl")
+    result = {"reward_model": json.loads((rm_dir / "rm_metrics.json").read_text())}
+    result["reward_model"]["curve"] = [
+        {k: r[k] for k in ("step", "heldout/accuracy", "heldout/loss")}
+        for r in rm_log
+        if "heldout/accuracy" in r
+    ]
+    rule_out = out / "rule_baseline"
+    rule = [*base, f"trainer.output_dir={rule_out}", "reward_model.path="]
+    if not (rule_out / "metrics.jsonl").exists():
+        wall = run([*nemo_azr(), "train", *rule, "logger.console_samples=false"], out / "train_rule.log")
+    else:
+        wall = sum(r.get("timing/step_s", 0.0) for r in read_jsonl(rule_out / "metrics.jsonl"))
+    result["rule_train"] = train_summary(rule_out, wall)
+    if not (rule_out / "eval_after" / "metrics.json").exists():
+        run([*nemo_azr(), "eval", *rule, f"eval.output_dir={rule_out}/eval_after"], out / "eval_rule.log")
+    result["rule_after"] = eval_summary(rule_out / "eval_after")
+    return result
+
+
 def run_experiment(name: str, root: Path, fresh: bool, extra: list[str], trained: bool = False) -> dict:
     out = root / name
     if fresh and out.exists():
@@ -258,6 +290,8 @@ def run_experiment(name: str, root: Path, fresh: bool, extra: list[str], trained
         seconds = run([*nemo_azr(), "eval", *base, "eval.checkpoint=model", f"eval.output_dir={out}/eval_before"],
                       out / "eval_before.log")  # fmt: skip
         result["before"] = eval_summary(out / "eval_before") | {"wall_s": round(seconds, 1)}
+    if name in REWARD_MODEL:
+        result |= run_reward_model_parts(name, out, base)
     if trained:  # trained before by `nemo-azr train` with the same overrides: its steps' time
         steps = [r.get("timing/step_s", 0.0) for r in read_jsonl(out / "metrics.jsonl")]
         result["train"] = train_summary(out, sum(steps)) | {"wall_s_is": "the sum of the step times"}
@@ -420,6 +454,42 @@ def _heldout_section(name: str, res: dict) -> list[str]:
     return lines
 
 
+def _reward_model_section(res: dict) -> list[str]:
+    rm, rt, t = res["reward_model"], res["rule_train"], res["train"]
+    b, a, r = res["before"], res["after"], res["rule_after"]
+    lines = [
+        f"Reward model (`nemo-azr train-rm`, {rm['steps']:.0f} steps on {rm['train_pairs']:.0f} pairs): held-out "
+        f"pair accuracy {rm['heldout/accuracy_before']:.3f} -> {rm['heldout/accuracy']:.3f} "
+        f"({rm['heldout_pairs']:.0f} pairs of held-out problems; loss {rm['heldout/loss_before']:.3f} -> "
+        f"{rm['heldout/loss']:.3f}).",
+        "",
+        "GRPO with the reward model's score as the reward against GRPO with the task's rule reward, same "
+        "config, seed and steps (held-out greedy accuracy, scored by the rule):",
+        "",
+        "| run | accuracy | addition | subtraction | rephrased | training model score (first / last 5 steps) | "
+        "training rule accuracy (first / last 5 steps) | s/step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def row(label: str, m: dict, train: dict | None) -> str:
+        kinds = m.get("by_kind", {})
+        score = (
+            f"{_f(train.get('model_score_first5'))} / {_f(train.get('model_score_last5'))}" if train else "-"
+        )
+        rule = (
+            f"{_f(train.get('rule_reward_first5', train.get('reward_first5')))} / "
+            f"{_f(train.get('rule_reward_last5', train.get('reward_last5')))}"
+            if train
+            else "-"
+        )
+        return (f"| {label} | {_f(m.get('accuracy'))} | {_f(kinds.get('addition', {}).get('accuracy'))} | "
+                f"{_f(kinds.get('subtraction', {}).get('accuracy'))} | {_f(m.get('rephrased', {}).get('accuracy'))} | "
+                f"{score} | {rule} | {_f(train.get('s_per_step_median') if train else None, 1)} |")  # fmt: skip
+
+    lines += [row("untrained", b, None), row("rule reward", r, rt), row("reward model", a, t), ""]
+    return lines
+
+
 def _machine(m: dict) -> str:
     return f"{m['cpu']}, {m['cores']} cores, {m['mem_gib']:.0f} GiB"
 
@@ -518,6 +588,8 @@ def write_report(results: dict, meta: dict) -> None:
         if name in HELDOUT_SELFPLAY:
             lines += _heldout_section(name, res)
             continue
+        if name in REWARD_MODEL:
+            lines += _reward_model_section(res)
         if name in SELFPLAY:
             sp = res["selfplay"]
             lines += [

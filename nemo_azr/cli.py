@@ -185,7 +185,10 @@ def _train_rm(overrides: list[str]) -> int:
     from nemo_azr.preflight import load_config
     from nemo_azr.trainer.reward_model_training import train_reward_model
 
-    train_reward_model(load_config(overrides), progress=lambda m: print(m, flush=True))
+    # reward_model.path is what the RL run will read; train-rm writes it, so it need not exist yet
+    train_reward_model(
+        load_config([*overrides, "reward_model.path="]), progress=lambda m: print(m, flush=True)
+    )
     return 0
 
 

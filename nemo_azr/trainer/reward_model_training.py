@@ -14,6 +14,7 @@ base rather than resuming.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -104,6 +105,18 @@ def _evaluate(model, rows, pad_id: int, batch: int) -> tuple[float, float]:
     return float(loss), float(acc)
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[str, float]:
     """Train, write ``<out>`` (model, tokenizer, ``rm_metrics.json``, ``metrics.jsonl``); return the final metrics."""
     from transformers import AutoModelForSequenceClassification
@@ -117,9 +130,11 @@ def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[s
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train_pairs, held_out_pairs, task = _pair_sets(cfg)
     train_rows, held_rows = _encode(train_pairs, tokenizer, task), _encode(held_out_pairs, tokenizer, task)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        base, num_labels=1, dtype=torch.float32, local_files_only=True
-    )
+    with _quiet_transformers():  # its load report lists the new head as missing weights: expected here
+        model = AutoModelForSequenceClassification.from_pretrained(
+            base, num_labels=1, dtype=torch.float32, local_files_only=True
+        )
+    progress(f"train-rm: {base} with a new one-label head")
     model.config.pad_token_id = pad_id
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=rm.train_lr, weight_decay=0.0)
