@@ -151,7 +151,20 @@ def check_preference_config(cfg: NemoAzrConfig) -> None:
         f"preference.pairs_path={pref.pairs_path!r}: no such file",
     )
     require(
-        bool(pref.pairs_path) or cfg.data.task == "arithmetic",
+        not pref.unpaired_path or pref.loss == "kto",
+        f"preference.unpaired_path holds unpaired examples, which only kto trains on (preference.loss={pref.loss} "
+        "needs pairs: preference.pairs_path)",
+    )
+    require(
+        not (pref.unpaired_path and pref.pairs_path),
+        "preference.pairs_path and preference.unpaired_path are both set; give one",
+    )
+    require(
+        not pref.unpaired_path or Path(pref.unpaired_path).expanduser().is_file(),
+        f"preference.unpaired_path={pref.unpaired_path!r}: no such file",
+    )
+    require(
+        bool(pref.pairs_path or pref.unpaired_path) or cfg.data.task == "arithmetic",
         f"preference.loss={pref.loss} needs pairs: preference.pairs_path=FILE.jsonl, or data.task="
         f"arithmetic (right answer against a near miss); data.task={cfg.data.task} has no generator",
     )

@@ -559,6 +559,7 @@ class PreferenceConfig:
     desirable_weight: float = 1.0  # kto: lambda_D, the weight of a desirable (chosen) response's loss
     undesirable_weight: float = 1.0  # kto: lambda_U, the weight of an undesirable (rejected) one's
     pairs_path: str = ""  # JSONL {prompt, chosen, rejected[, id]}; "": generated (data.task=arithmetic)
+    unpaired_path: str = ""  # kto: JSONL {prompt, completion, label[, id]} instead of pairs
     pair_style: str = "bare"  # generated pairs' replies: bare ("27") | equation ("48 - 21 = 27")
 
 

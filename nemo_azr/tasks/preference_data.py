@@ -25,15 +25,21 @@ from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.tasks.jsonl import read_text_lines
 
 __all__ = [
+    "LabelledReply",
     "PreferencePair",
     "arithmetic_pairs",
     "example_pair",
+    "example_reply",
     "pair_examples",
     "load_pairs_jsonl",
+    "load_unpaired_jsonl",
     "mismatched_partners",
     "pairs_from_scored_replies",
     "pairs_to_batch",
+    "unpaired_examples",
+    "unpaired_to_batch",
     "write_pairs_jsonl",
+    "write_unpaired_jsonl",
 ]
 
 PAIR_FIELDS = ("prompt", "chosen", "rejected")
@@ -45,6 +51,71 @@ class PreferencePair:
     prompt: str
     chosen: str
     rejected: str
+
+
+@dataclass(frozen=True)
+class LabelledReply:
+    """One unpaired example (KTO): a reply to ``prompt`` that is desirable or not."""
+
+    id: str
+    prompt: str
+    completion: str
+    desirable: bool
+
+
+UNPAIRED_FIELDS = ("prompt", "completion", "label")
+
+
+def load_unpaired_jsonl(path: str | Path) -> list[LabelledReply]:
+    """Read and check a file of unpaired examples, one ``{"prompt", "completion", "label"[, "id"]}``
+    object per line (``label``: true / false, or 1 / 0); every problem is a :class:`DataError` naming
+    the line. KTO needs both labels somewhere in the file."""
+    file = Path(path).expanduser()
+    lines = read_text_lines(file, what="unpaired preference examples")
+    rows, seen = [], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{file}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object with {', '.join(UNPAIRED_FIELDS)}")
+        missing = [
+            k for k in ("prompt", "completion") if not isinstance(row.get(k), str) or not row[k].strip()
+        ]
+        if missing:
+            raise DataError(f"{where}: missing or empty text field(s) {missing}")
+        label = row.get("label")
+        if label not in (True, False, 0, 1) or isinstance(label, float):
+            raise DataError(f"{where}: label must be true / false (or 1 / 0), got {label!r}")
+        row_id = str(row.get("id", f"line{number}"))
+        if row_id in seen:
+            raise DataError(f"{where}: duplicate id {row_id!r}")
+        seen.add(row_id)
+        rows.append(LabelledReply(row_id, row["prompt"], row["completion"], bool(label)))
+    if not rows:
+        raise DataError(
+            f"{file} has no examples; expected one JSON object per line with {', '.join(UNPAIRED_FIELDS)}"
+        )
+    if len({r.desirable for r in rows}) < 2:
+        raise DataError(
+            f"{file}: every example is labelled {rows[0].desirable}; KTO needs desirable and undesirable ones"
+        )
+    return rows
+
+
+def write_unpaired_jsonl(rows: Sequence[LabelledReply], path: str | Path) -> None:
+    """One JSON object per example (``id``, ``prompt``, ``completion``, ``label``)."""
+    file = Path(path).expanduser()
+    file.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(
+        json.dumps({"id": r.id, "prompt": r.prompt, "completion": r.completion, "label": r.desirable}) + "\n"
+        for r in rows
+    )
+    file.write_text(text, encoding="utf-8")
 
 
 def load_pairs_jsonl(path: str | Path) -> list[PreferencePair]:
@@ -136,6 +207,16 @@ def example_pair(example: Example) -> PreferencePair:
     return example.meta["pair"]
 
 
+def example_reply(example: Example) -> LabelledReply:
+    """The labelled reply an :func:`unpaired_examples` example carries."""
+    return example.meta["reply"]
+
+
+def unpaired_examples(rows: Sequence[LabelledReply]) -> list[Example]:
+    """Unpaired examples as prompt-loader examples (as :func:`pair_examples`), the row in ``meta``."""
+    return [Example(r.id, r.prompt, r.completion, {"reply": r}) for r in rows]
+
+
 def mismatched_partners(prompt_keys: Sequence[object]) -> list[int]:
     """For each row, the next row (cyclically) whose prompt differs: whose response KTO's mismatched
     row pairs with this row's prompt. :class:`DataError` when every row has the same prompt."""
@@ -167,24 +248,44 @@ def pairs_to_batch(
     the response of the next row (cyclically) whose prompt differs, as TRL's KTO shifts completions
     within a batch; their mean log-ratio is the reference point. A batch whose rows all share one
     prompt has no mismatched response: :class:`DataError`."""
-    prompts, responses, labels, pair_ids = [], [], [], []
-    eos = tokenizer.eos_token_id
+    prompts, replies, labels, pair_ids = [], [], [], []
     for pair in pairs:
         chat = messages(pair) if messages else [{"role": "user", "content": pair.prompt}]
         prompt = encode_prompt(tokenizer, chat)
         for reply, label in ((pair.chosen, 1), (pair.rejected, 0)):
             prompts.append(prompt)
-            responses.append([*tokenizer(reply, add_special_tokens=False)["input_ids"], eos])
+            replies.append(reply)
             labels.append(label)
             pair_ids.append(pair.id)
-    meta: dict[str, list] = {F.PAIR_ID: pair_ids}
+    return _labelled_batch(prompts, replies, labels, tokenizer, {F.PAIR_ID: pair_ids}, kl_rows=kl_rows)
+
+
+def unpaired_to_batch(rows: Sequence[LabelledReply], tokenizer, *, kl_rows: bool = True) -> Batch:
+    """One row per unpaired example (the prompt as one user message, the reply and EOS trained),
+    ``preference_label`` 1 desirable / 0 not; ``kl_rows`` as :func:`pairs_to_batch`."""
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": r.prompt}]) for r in rows]
+    labels = [int(r.desirable) for r in rows]
+    return _labelled_batch(prompts, [r.completion for r in rows], labels, tokenizer, {}, kl_rows=kl_rows)
+
+
+def _labelled_batch(
+    prompts: list[list[int]],
+    replies: list[str],
+    labels: list[int],
+    tokenizer,
+    meta: dict[str, list],
+    *,
+    kl_rows: bool,
+) -> Batch:
+    eos = tokenizer.eos_token_id
+    responses = [[*tokenizer(reply, add_special_tokens=False)["input_ids"], eos] for reply in replies]
     if kl_rows:
         n = len(prompts)
         for i, j in enumerate(mismatched_partners([tuple(p) for p in prompts])):
             prompts.append(prompts[i])
             responses.append(responses[j])
             labels.append(0)  # not read: a kl_row has no label
-            pair_ids.append(pair_ids[i])
+        meta = {key: values + values for key, values in meta.items()}
         meta[F.KL_ROW] = [False] * n + [True] * n
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     batch = Batch(pack_prompt_response(prompts, responses, None, pad_id=pad), meta)

@@ -17,8 +17,10 @@ from nemo_azr.contracts.task import Example, Task
 from nemo_azr.tasks.preference_data import (
     PreferencePair,
     example_pair,
+    example_reply,
     mismatched_partners,
     pairs_to_batch,
+    unpaired_to_batch,
 )
 
 __all__ = ["PreferencePairsWorkflow"]
@@ -38,29 +40,43 @@ class PreferencePairsWorkflow:
         self.task_prompts = task_prompts
         self.kl_rows = kl_rows
         if kl_rows:
-            self.rows_per_prompt = 4  # the pair's two rows and their two mismatched rows
+            self.rows_per_prompt = 4  # a pair's two rows and their two mismatched rows (unpaired: fewer)
 
     def _messages(self, pair: PreferencePair) -> list[dict]:
         return self.task.messages(Example(pair.id, pair.prompt, pair.chosen))
 
     def run(self, examples: Sequence[Example], backend, sampling, *, step: int) -> Batch:
-        pairs = [example_pair(ex) for ex in examples]
-        batch = pairs_to_batch(
-            pairs,
-            self.tokenizer,
-            messages=self._messages if self.task_prompts else None,
-            kl_rows=self.kl_rows,
-        )
-        labels = batch[F.PREFERENCE_LABEL]
-        batch[F.REWARDS] = labels.float()  # the reward stage's output: the label (0 on a mismatched row)
-        meta = {F.UID: [], F.GROUP_ID: [], F.PROMPT_ID: [], F.PROMPT_TEXT: [], F.RESPONSE_TEXT: []}
-        for pair in pairs:
-            for kind, reply in (("chosen", pair.chosen), ("rejected", pair.rejected)):
-                meta[F.UID].append(f"{pair.id}-{kind}")
-                meta[F.GROUP_ID].append(pair.id)
-                meta[F.PROMPT_ID].append(pair.id)
-                meta[F.PROMPT_TEXT].append(pair.prompt)
-                meta[F.RESPONSE_TEXT].append(reply)
+        meta: dict[str, list] = {
+            F.UID: [],
+            F.GROUP_ID: [],
+            F.PROMPT_ID: [],
+            F.PROMPT_TEXT: [],
+            F.RESPONSE_TEXT: [],
+        }
+
+        def add(uid: str, group: str, prompt: str, reply: str) -> None:
+            for key, value in zip(meta, (uid, group, group, prompt, reply)):
+                meta[key].append(value)
+
+        if examples and "reply" in examples[0].meta:  # unpaired examples (KTO): one row each
+            rows = [example_reply(ex) for ex in examples]
+            batch = unpaired_to_batch(rows, self.tokenizer, kl_rows=self.kl_rows)
+            for row in rows:
+                add(row.id, row.id, row.prompt, row.completion)
+        else:
+            pairs = [example_pair(ex) for ex in examples]
+            batch = pairs_to_batch(
+                pairs,
+                self.tokenizer,
+                messages=self._messages if self.task_prompts else None,
+                kl_rows=self.kl_rows,
+            )
+            for pair in pairs:
+                for kind, reply in (("chosen", pair.chosen), ("rejected", pair.rejected)):
+                    add(f"{pair.id}-{kind}", pair.id, pair.prompt, reply)
+        batch[F.REWARDS] = batch[
+            F.PREFERENCE_LABEL
+        ].float()  # the reward stage's output: the label (0 on a kl row)
         if self.kl_rows:  # row i + n is row i's prompt with row j's response (pairs_to_batch)
             partners = mismatched_partners(meta[F.PROMPT_TEXT])
             texts = meta[F.RESPONSE_TEXT]

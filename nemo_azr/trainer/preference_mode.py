@@ -19,7 +19,13 @@ from nemo_azr.contracts.preference import kto_rows
 from nemo_azr.contracts.task import Task
 from nemo_azr.errors import ConfigError
 from nemo_azr.tasks.dataloader import build_prompt_loader
-from nemo_azr.tasks.preference_data import arithmetic_pairs, load_pairs_jsonl, pair_examples
+from nemo_azr.tasks.preference_data import (
+    arithmetic_pairs,
+    load_pairs_jsonl,
+    load_unpaired_jsonl,
+    pair_examples,
+    unpaired_examples,
+)
 from nemo_azr.tasks.preference_workflow import PreferencePairsWorkflow
 from nemo_azr.trainer.async_rollout import Rollout
 from nemo_azr.trainer.samples import select_samples
@@ -30,17 +36,18 @@ __all__ = ["PreferenceModeMixin", "preference_pairs_source"]
 
 def preference_pairs_source(cfg: NemoAzrConfig, task: Task, tokenizer) -> tuple[Any, PreferencePairsWorkflow]:
     """The loader over the run's pairs (``preference.pairs_path``, or generated from the arithmetic
-    task's training problems) and the workflow that makes a step's batch of them."""
+    task's training problems) or unpaired examples (``preference.unpaired_path``, KTO) and the
+    workflow that makes a step's batch of them."""
     pref = cfg.preference
-    pairs = (
-        load_pairs_jsonl(pref.pairs_path)
-        if pref.pairs_path
-        else arithmetic_pairs(task.examples, seed=cfg.seed, style=pref.pair_style)
-    )
-    workflow = PreferencePairsWorkflow(
-        task, tokenizer, task_prompts=not pref.pairs_path, kl_rows=pref.loss == "kto"
-    )
-    return build_prompt_loader(pair_examples(pairs), cfg.data, cfg.seed), workflow
+    if pref.unpaired_path:
+        examples = unpaired_examples(load_unpaired_jsonl(pref.unpaired_path))
+    elif pref.pairs_path:
+        examples = pair_examples(load_pairs_jsonl(pref.pairs_path))
+    else:
+        examples = pair_examples(arithmetic_pairs(task.examples, seed=cfg.seed, style=pref.pair_style))
+    generated = not (pref.pairs_path or pref.unpaired_path)
+    workflow = PreferencePairsWorkflow(task, tokenizer, task_prompts=generated, kl_rows=pref.loss == "kto")
+    return build_prompt_loader(examples, cfg.data, cfg.seed), workflow
 
 
 class PreferenceModeMixin:

@@ -95,6 +95,11 @@ from tests.cli_errors import cli_error
         ),
         (["preference.loss=orpo"], "preference.loss='orpo' is not one of: '' (off), dpo, ipo, kto"),
         (["preference.loss=kto", "data.prompts_per_step=1"], "data.prompts_per_step must be >= 2"),
+        (["preference.loss=dpo", "preference.unpaired_path=/u.jsonl"], "which only kto trains on"),
+        (
+            ["preference.loss=kto", "preference.unpaired_path=/nope.jsonl"],
+            "unpaired_path='/nope.jsonl': no such file",
+        ),
         (["preference.loss=dpo", "preference.desirable_weight=2"], "are KTO's; preference.loss=dpo"),
         (["preference.loss=kto", "preference.undesirable_weight=0"], "must be > 0, got 1.0 and 0"),
         (["preference.loss=dpo", "preference.beta=0"], "preference.beta must be > 0"),

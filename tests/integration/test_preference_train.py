@@ -82,6 +82,36 @@ def test_kto_steps_train_on_the_pairs_rows_unpaired(tiny_cache, tmp_path, pairs_
     assert samples and {(s["prompt"], s["response"]) for s in samples} <= replies
 
 
+def test_kto_trains_on_a_file_of_unpaired_examples(tiny_cache, tmp_path):
+    from nemo_azr.tasks.preference_data import LabelledReply, write_unpaired_jsonl
+
+    rows = [
+        LabelledReply(f"u{i}", p.prompt, p.chosen if i % 3 else p.rejected, bool(i % 3))
+        for i, p in enumerate(PAIRS)
+    ]
+    write_unpaired_jsonl(rows, tmp_path / "u.jsonl")
+    out = tmp_path / "kto_unpaired"
+    cfg = load_config(
+        [
+            f"model.tiny.cache_dir={tiny_cache}",
+            "logger=quiet",
+            f"trainer.output_dir={out}",
+            "sft_warmup.steps=0",
+            f"preference.unpaired_path={tmp_path / 'u.jsonl'}",
+            "preference.loss=kto",
+            "preference.beta=0.5",
+            "data.prompts_per_step=8",
+            "optim.lr=0.003",
+            "trainer.max_steps=4",
+        ]
+    )
+    assert Trainer(cfg).fit().status == "completed"
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert metrics[0]["preference/loss"] == pytest.approx(0.5, rel=1e-5)
+    assert all(r["preference/examples"] == 8 and r["batch/rows"] == 16 for r in metrics)
+    assert metrics[-1]["preference/loss"] < metrics[0]["preference/loss"]
+
+
 def test_a_resumed_preference_run_continues_the_uninterrupted_one(tiny_cache, tmp_path, pairs_file):
     steps = ("preference.loss=dpo", "data.prompts_per_step=4", "trainer.max_steps=4")
     full, part = tmp_path / "full", tmp_path / "part"

@@ -4,6 +4,7 @@ task's own reader, pairs from scored replies, and the batch they make."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -162,3 +163,51 @@ def test_the_pairs_workflow_names_kto_mismatched_responses(tiny_model_path):
     assert batch.meta[F.RESPONSE_TEXT][6:8] == [pairs[1].chosen, pairs[1].chosen]
     assert batch.meta[F.PROMPT_TEXT][6:8] == [pairs[0].prompt, pairs[0].prompt]
     assert len(set(batch.meta[F.UID])) == 12
+
+
+UNPAIRED_LINES = [
+    ('{"prompt": "Hi", "completion": "Hello", "label": true}', None),
+    ('{"prompt": "Hi", "completion": "Go away", "label": 0}', None),
+    ('{"prompt": "Hi", "completion": "Hello", "label": "yes"}', "label must be true / false"),
+    ('{"prompt": "Hi", "label": true}', "missing or empty text field(s) ['completion']"),
+    ('["Hi", "Hello"]', "expected a JSON object"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), [row for row in UNPAIRED_LINES if row[1]])
+def test_a_bad_unpaired_file_names_the_line(tmp_path, line, message):
+    from nemo_azr.tasks.preference_data import load_unpaired_jsonl
+
+    path = tmp_path / "u.jsonl"
+    path.write_text(UNPAIRED_LINES[0][0] + "\n" + line + "\n")
+    with pytest.raises(DataError, match=rf"u.jsonl:2: {re.escape(message)}"):
+        load_unpaired_jsonl(path)
+
+
+def test_unpaired_examples_round_trip_and_need_both_labels(tmp_path):
+    from nemo_azr.tasks.preference_data import LabelledReply, load_unpaired_jsonl, write_unpaired_jsonl
+
+    rows = [LabelledReply("a", "Hi", "Hello", True), LabelledReply("b", "Q?", "No.", False)]
+    write_unpaired_jsonl(rows, tmp_path / "u.jsonl")
+    assert load_unpaired_jsonl(tmp_path / "u.jsonl") == rows
+    write_unpaired_jsonl(rows[:1], tmp_path / "one.jsonl")
+    with pytest.raises(DataError, match="every example is labelled True"):
+        load_unpaired_jsonl(tmp_path / "one.jsonl")
+
+
+def test_unpaired_rows_make_a_kto_batch(tiny_model_path):
+    from nemo_azr.contracts.preference import kto_rows
+    from nemo_azr.tasks.preference_data import LabelledReply, unpaired_examples
+    from nemo_azr.tasks.preference_workflow import PreferencePairsWorkflow
+
+    tok = load_tokenizer(tiny_model_path)
+    rows = [LabelledReply("a", "Hi", "Hello", True), LabelledReply("b", "Q?", "No.", False)]
+    batch = PreferencePairsWorkflow(ArithmeticTask(DataConfig()), tok, task_prompts=False, kl_rows=True).run(
+        unpaired_examples(rows), None, None, step=0
+    )
+    validate_preference_batch(batch, paired=False, kl_rows=True)
+    examples, mismatched = kto_rows(batch)
+    assert batch[F.PREFERENCE_LABEL][examples].tolist() == [1, 0]
+    assert batch.meta[F.RESPONSE_TEXT] == ["Hello", "No.", "No.", "Hello"]  # row 2: a's prompt, b's reply
+    assert _prompt_tokens(batch, 2) == _prompt_tokens(batch, 0)
+    assert _response_tokens(batch, 2) == _response_tokens(batch, 1)
