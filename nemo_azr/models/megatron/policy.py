@@ -74,6 +74,7 @@ from nemo_azr.models.megatron.logprobs import (
     pipeline_micro_batches,
     run_pipeline,
 )
+from nemo_azr.models.megatron.preference import MegatronPreferenceMixin
 from nemo_azr.models.training.microbatch import real_lengths, row_groups
 from nemo_azr.models.training.optim import build_optimizer
 from nemo_azr.models.training.ppo_update import (
@@ -109,7 +110,7 @@ MicroLossFn = Callable[[Batch, torch.Tensor, torch.Tensor | None], tuple[torch.T
 
 
 @POLICY_BACKENDS.register("megatron")
-class MegatronPolicy(PPOUpdateMixin):
+class MegatronPolicy(MegatronPreferenceMixin, PPOUpdateMixin):
     """Trainable (actor) or frozen (reference) megatron ``GPTModel`` built from a local HF folder."""
 
     def __init__(
