@@ -66,14 +66,14 @@ class LabelledReply:
 UNPAIRED_FIELDS = ("prompt", "completion", "label")
 
 
-def load_unpaired_jsonl(path: str | Path) -> list[LabelledReply]:
-    """Read and check a file of unpaired examples, one ``{"prompt", "completion", "label"[, "id"]}``
-    object per line (``label``: true / false, or 1 / 0); every problem is a :class:`DataError` naming
-    the line. KTO needs both labels somewhere in the file."""
+def _json_rows(
+    path: str | Path, what: str, fields: Sequence[str]
+) -> tuple[Path, list[tuple[str, dict, str]]]:
+    """(file, [(where, row, id)]) of a JSONL file: each non-blank line a JSON object with a unique
+    ``id`` (default ``line<N>``); a broken line is a :class:`DataError` naming it."""
     file = Path(path).expanduser()
-    lines = read_text_lines(file, what="unpaired preference examples")
     rows, seen = [], set()
-    for number, line in enumerate(lines, start=1):
+    for number, line in enumerate(read_text_lines(file, what=what), start=1):
         if not line.strip():
             continue
         where = f"{file}:{number}"
@@ -82,7 +82,22 @@ def load_unpaired_jsonl(path: str | Path) -> list[LabelledReply]:
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object with {', '.join(UNPAIRED_FIELDS)}")
+            raise DataError(f"{where}: expected a JSON object with {', '.join(fields)}")
+        row_id = str(row.get("id", f"line{number}"))
+        if row_id in seen:
+            raise DataError(f"{where}: duplicate id {row_id!r}")
+        seen.add(row_id)
+        rows.append((where, row, row_id))
+    return file, rows
+
+
+def load_unpaired_jsonl(path: str | Path) -> list[LabelledReply]:
+    """Read and check a file of unpaired examples, one ``{"prompt", "completion", "label"[, "id"]}``
+    object per line (``label``: true / false, or 1 / 0); every problem is a :class:`DataError` naming
+    the line. KTO needs both labels somewhere in the file."""
+    file, lines = _json_rows(path, "unpaired preference examples", UNPAIRED_FIELDS)
+    rows = []
+    for where, row, row_id in lines:
         missing = [
             k for k in ("prompt", "completion") if not isinstance(row.get(k), str) or not row[k].strip()
         ]
@@ -91,10 +106,6 @@ def load_unpaired_jsonl(path: str | Path) -> list[LabelledReply]:
         label = row.get("label")
         if label not in (True, False, 0, 1) or isinstance(label, float):
             raise DataError(f"{where}: label must be true / false (or 1 / 0), got {label!r}")
-        row_id = str(row.get("id", f"line{number}"))
-        if row_id in seen:
-            raise DataError(f"{where}: duplicate id {row_id!r}")
-        seen.add(row_id)
         rows.append(LabelledReply(row_id, row["prompt"], row["completion"], bool(label)))
     if not rows:
         raise DataError(
@@ -120,28 +131,14 @@ def write_unpaired_jsonl(rows: Sequence[LabelledReply], path: str | Path) -> Non
 
 def load_pairs_jsonl(path: str | Path) -> list[PreferencePair]:
     """Read and check a pair file; every problem is a :class:`DataError` naming the line."""
-    file = Path(path).expanduser()
-    lines = read_text_lines(file, what="preference pairs")
-    pairs, seen = [], set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{file}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object with {', '.join(PAIR_FIELDS)}")
+    file, lines = _json_rows(path, "preference pairs", PAIR_FIELDS)
+    pairs = []
+    for where, row, pair_id in lines:
         missing = [k for k in PAIR_FIELDS if not isinstance(row.get(k), str) or not row[k].strip()]
         if missing:
             raise DataError(f"{where}: missing or empty text field(s) {missing}")
         if row["chosen"].strip() == row["rejected"].strip():
             raise DataError(f"{where}: chosen and rejected are the same reply; a pair must differ")
-        pair_id = str(row.get("id", f"line{number}"))
-        if pair_id in seen:
-            raise DataError(f"{where}: duplicate id {pair_id!r}")
-        seen.add(pair_id)
         pairs.append(PreferencePair(pair_id, row["prompt"], row["chosen"], row["rejected"]))
     if not pairs:
         raise DataError(
