@@ -16,6 +16,7 @@ for its own rendezvous (not visible to the workers, and absent under srun).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import re
@@ -96,6 +97,10 @@ class Heartbeat:
         self.store.set(_NODE_KEY.format(rank=self.rank), node_name())
         self._thread = threading.Thread(target=self._beat, name="nemo-azr-heartbeat", daemon=True)
         self._thread.start()
+        # A daemon thread still inside a store call when the interpreter finalizes cannot take the GIL
+        # back; the thread is unwound through C++ frames and the process aborts ("terminate called
+        # without an active exception", status 134) after a run that completed. Joined at exit instead.
+        atexit.register(self.stop)
 
     def _beat(self) -> None:
         key = _KEY.format(rank=self.rank)
@@ -107,7 +112,11 @@ class Heartbeat:
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:
+        """End the beat and wait for the thread (a store call in flight ends within the store's
+        timeout; the wait is bounded by it)."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.timeout_s + self.interval_s)
 
     def counters(self) -> list[int]:
         return [self.store.add(_KEY.format(rank=r), 0) for r in range(self.world)]

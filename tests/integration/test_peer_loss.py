@@ -96,3 +96,33 @@ def test_peer_failures_are_told_from_other_errors():
 def test_heartbeat_interval_follows_the_timeout():
     assert heartbeat_interval(600) == 10 and heartbeat_interval(20) == 2 and heartbeat_interval(3) == 1
     assert PEER_CHECK_INTERVALS * heartbeat_interval(TIMEOUT_S) < 60
+
+
+#: Exits normally with a beat running; a handler registered before the beat runs after the beat's
+#: own (atexit is last in, first out) and reports whether the thread still lives at finalization.
+_CLEAN_EXIT = """
+import atexit, threading
+from datetime import timedelta
+import torch.distributed as dist
+from nemo_azr.distributed.peer_loss import Heartbeat
+
+atexit.register(lambda: print("alive at exit:", any(t.name == "nemo-azr-heartbeat" for t in threading.enumerate())))
+store = dist.TCPStore("127.0.0.1", {port}, is_master=True, timeout=timedelta(seconds=5))
+beat = Heartbeat(store, 0, 1, "127.0.0.1:{port}", 5.0)
+beat.start()
+print("beating")
+"""
+
+
+def test_the_heartbeat_thread_is_joined_before_the_interpreter_finalizes():
+    """A daemon thread caught in a store call at finalization aborts the process (status 134) after
+    a completed run; the beat stops and joins at exit instead."""
+    r = subprocess.run(
+        [sys.executable, "-c", _CLEAN_EXIT.format(port=_free_port())],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.splitlines() == ["beating", "alive at exit: False"], r.stdout
