@@ -174,18 +174,14 @@ def check_preference_config(cfg: NemoAzrConfig) -> None:
         (cfg.algorithm.dynamic_sampling, "algorithm.dynamic_sampling"),
     ):
         require(not on, f"preference.loss={pref.loss} trains on pairs, with no rollout: set {key}=false")
+    paired_on_megatron = cfg.model.backend == "megatron" and pref.loss in PAIRED_LOSSES
     require(
-        cfg.model.backend == "hf" or (cfg.model.backend == "megatron" and pref.loss in PAIRED_LOSSES),
-        f"preference.loss={pref.loss} runs on model.backend=hf"
-        + (" (the megatron backend trains dpo and ipo)" if cfg.model.backend == "megatron" else ""),
-    )
-    require(
-        cfg.model.backend != "megatron" or cfg.parallel.micro_batch_size % 2 == 0,
+        not paired_on_megatron or cfg.parallel.micro_batch_size % 2 == 0,
         f"preference.loss={pref.loss} on megatron: parallel.micro_batch_size={cfg.parallel.micro_batch_size} must "
         "be even (a pair's two rows go into one micro-batch)",
     )
     require(
-        cfg.model.backend != "megatron" or cfg.algorithm.max_tokens_per_microbatch == 0,
+        not paired_on_megatron or cfg.algorithm.max_tokens_per_microbatch == 0,
         f"preference.loss={pref.loss} on megatron: algorithm.max_tokens_per_microbatch must be 0 (token-budget "
         "micro-batches would split pairs)",
     )

@@ -1,7 +1,7 @@
 """Ranks of the megatron preference check (run by test_megatron_preference.py under torchrun over gloo).
 
 For each named variant of the spec (overrides: the layout) every rank builds the same Trainer
-(``model.backend=megatron``, ``preference.loss=dpo``) and runs ``fit``; rank 0 writes the run's
+(``model.backend=megatron``, the variant's layout and preference loss) and runs ``fit``; rank 0 writes the run's
 ``metrics.jsonl`` into ``OUT/<name>`` as any run does.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 megatron_preference_worker.py OUT SPEC

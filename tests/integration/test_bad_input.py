@@ -109,7 +109,6 @@ from tests.cli_errors import cli_error
         ),
         (["preference.loss=dpo", "data.task=synthetic_qa"], "needs pairs: preference.pairs_path=FILE.jsonl"),
         (["preference.loss=dpo", "rollout.async_rollout=true"], "set rollout.async_rollout=false"),
-        (["preference.loss=kto", "model=megatron"], "the megatron backend trains dpo and ipo"),
         (["preference.loss=dpo", "preference.pairs_path=/nope.jsonl"], "/nope.jsonl"),
     ],
 )

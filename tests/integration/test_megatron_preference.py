@@ -1,6 +1,7 @@
-"""DPO / IPO on the ``megatron`` backend train like on ``hf``: the same pair losses, implicit-reward
+"""DPO / IPO / KTO on the ``megatron`` backend train like on ``hf``: the same losses, implicit-reward
 metrics and gradient norms step by step, on one process and at DP=2, TP=2 and PP=2 over gloo (the
-pair-major row order keeps each pair's two rows on one rank and in one micro-batch)."""
+pair-major row order keeps each pair's two rows on one rank and in one micro-batch; KTO's reference
+point is taken over all mismatched rows before the labelled rows are split over the ranks)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,13 @@ KEYS = (
 PAIRS = [
     PreferencePair(f"p{i}", f"What is {i} + {i}?", str(2 * i), f"{2 * i + 1} maybe") for i in range(1, 9)
 ]
-VARIANTS = {"dp2": ["parallel=tp1pp1"], "tp2": ["parallel=tp2pp1"], "pp2": ["parallel=tp1pp2"]}
+VARIANTS = {
+    "dp2": ["parallel=tp1pp1", "preference.loss=dpo"],
+    "tp2": ["parallel=tp2pp1", "preference.loss=dpo"],
+    "pp2": ["parallel=tp1pp2", "preference.loss=dpo"],
+    "kto_dp2": ["parallel=tp1pp1", "preference.loss=kto"],
+    "kto_pp2": ["parallel=tp1pp2", "preference.loss=kto"],
+}
 
 
 def _overrides(cache, pairs_file, *extra) -> list[str]:
@@ -63,14 +70,20 @@ def _run(cfg_overrides: list[str], out: Path) -> list[dict]:
     return read_metrics(out / "metrics.jsonl")
 
 
-def _assert_same(got: list[dict], want: list[dict]) -> None:
+def _assert_same(got: list[dict], want: list[dict], loss: str = "dpo") -> None:
     assert len(got) == len(want) == 3
     assert want[0]["preference/grad_norm"] > 0 and want[-1]["preference/loss"] < want[0]["preference/loss"]
+    keys = (*KEYS, "preference/kl_reference") if loss == "kto" else KEYS
     for g, w in zip(got, want):
-        for key in KEYS:
+        for key in keys:
+            if loss == "kto" and g["step"] == 1 and key == "preference/reward_accuracy":
+                continue  # at the reference every log-ratio is 0 up to rounding: its side is noise
             assert g[key] == pytest.approx(w[key], abs=ATOL), (g["step"], key)
         assert g["preference/grad_norm"] == pytest.approx(w["preference/grad_norm"], rel=1e-4)
-        assert g["preference/pairs"] == w["preference/pairs"] == 4
+        if loss == "kto":  # every pair's two rows, trained unpaired
+            assert g["preference/examples"] == w["preference/examples"] == 8
+        else:
+            assert g["preference/pairs"] == w["preference/pairs"] == 4
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +101,7 @@ def hf_runs(tiny_cache, pairs_file, tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("loss", ["dpo", "ipo"])
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto"])
 def test_single_process_megatron_preference_steps_match_hf(loss, hf_runs, tiny_cache, pairs_file, tmp_path):
     got = _run(
         _overrides(
@@ -96,20 +109,21 @@ def test_single_process_megatron_preference_steps_match_hf(loss, hf_runs, tiny_c
         ),
         tmp_path,
     )
-    _assert_same(got, hf_runs(loss))
+    _assert_same(got, hf_runs(loss), loss)
 
 
 @pytest.fixture(scope="module")
 def two_process_runs(tiny_cache, pairs_file, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("megatron_dpo")
-    spec = {"overrides": _overrides(tiny_cache, pairs_file, "preference.loss=dpo"), "variants": VARIANTS}
+    spec = {"overrides": _overrides(tiny_cache, pairs_file), "variants": VARIANTS}
     run_torchrun_worker(WORKER, out, spec, nproc=2, timeout=600)
     return out
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_parallel_megatron_preference_steps_match_hf(name, two_process_runs, hf_runs):
-    _assert_same(read_metrics(two_process_runs / name / "metrics.jsonl"), hf_runs("dpo"))
+    loss = "kto" if name.startswith("kto") else "dpo"
+    _assert_same(read_metrics(two_process_runs / name / "metrics.jsonl"), hf_runs(loss), loss)
 
 
 def test_megatron_preference_layout_errors_name_the_fix(tiny_cache, pairs_file):
@@ -118,3 +132,6 @@ def test_megatron_preference_layout_errors_name_the_fix(tiny_cache, pairs_file):
         load_config([*base, "parallel.micro_batch_size=1"])
     with pytest.raises(ConfigError, match="max_tokens_per_microbatch must be 0"):
         load_config([*base, "algorithm.max_tokens_per_microbatch=64"])
+    # KTO's rows stand alone: an odd micro-batch and a token budget are fine
+    kto = _overrides(tiny_cache, pairs_file, "model.backend=megatron", "preference.loss=kto")
+    load_config([*kto, "parallel.micro_batch_size=1", "algorithm.max_tokens_per_microbatch=64"])

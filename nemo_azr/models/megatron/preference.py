@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from nemo_azr.algorithms.preference import PAIRED_LOSSES, sequence_logps
+from nemo_azr.algorithms.preference import sequence_logps
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
-from nemo_azr.contracts.preference import pair_rows, validate_preference_batch
-from nemo_azr.errors import BatchContractError, ConfigError
+from nemo_azr.contracts.preference import kto_rows, pair_rows
+from nemo_azr.errors import ConfigError
+from nemo_azr.models.training.preference_update import check_preference_step
 from nemo_azr.registry import PREFERENCE_LOSSES
 
 __all__ = ["MegatronPreferenceMixin", "pair_major_order"]
@@ -60,12 +61,11 @@ class MegatronPreferenceMixin:
         desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0,
     ) -> dict[str, float]:
-        """One optimizer step of DPO / IPO over every pair of ``batch``; ``preference/*`` metrics."""
-        if loss not in PAIRED_LOSSES:
-            raise ConfigError(
-                f"preference loss {loss!r}: the megatron backend trains {', '.join(PAIRED_LOSSES)}; kto runs "
-                "on model.backend=hf"
-            )
+        """One optimizer step of DPO / IPO over every pair of ``batch``, or of KTO over its labelled
+        rows; ``preference/*`` metrics."""
+        loss_fn = PREFERENCE_LOSSES.get(check_preference_step(batch, loss))
+        if loss == "kto":
+            return self._kto_step(batch, loss_fn, beta, desirable_weight, undesirable_weight)
         if self.micro_batch_rows() % 2:
             raise ConfigError(
                 f"megatron preference step: parallel.micro_batch_size={self.micro_batch_rows()} must be even "
@@ -75,13 +75,6 @@ class MegatronPreferenceMixin:
             raise ConfigError(
                 "megatron preference step: algorithm.max_tokens_per_microbatch must be 0 (token-budget "
                 "micro-batches would split pairs)"
-            )
-        loss_fn = PREFERENCE_LOSSES.get(loss)
-        validate_preference_batch(batch, paired=True)
-        if F.REF_LOGPROBS not in batch.tensors:
-            raise BatchContractError(
-                f"preference batch: missing key {F.REF_LOGPROBS!r} [B,T] float (the frozen reference's "
-                "token log-probs, computed once per batch)"
             )
         chosen, rejected = pair_rows(batch)
         pairs = len(chosen)
@@ -105,4 +98,61 @@ class MegatronPreferenceMixin:
         out = {k: v for k, v in summed.items() if k.startswith("preference/")}
         out["preference/loss"] = summed[f"{self.metric_prefix}/loss"]
         out.update({"preference/grad_norm": grad_norm, "preference/pairs": float(pairs)})
+        return out
+
+    def _kto_step(
+        self, batch: Batch, loss_fn, beta: float, desirable_weight: float, undesirable_weight: float
+    ) -> dict[str, float]:
+        """KTO: z0 from the mismatched rows (no grad, the whole batch on every rank), then the
+        labelled rows split over the ranks like any rows (each row's loss stands alone, so neither an
+        even micro-batch nor an order is needed)."""
+        examples, mismatched = kto_rows(batch)
+        ref = sequence_logps(batch[F.REF_LOGPROBS].float(), batch[F.LOSS_MASK])
+        kl_part = batch.index(mismatched)
+        kl_logps = sequence_logps(self.compute_logprobs(kl_part), kl_part[F.LOSS_MASK])
+        ref_kl = ref[mismatched]
+        rows = batch.index(examples)
+        rows[REF_SEQ_KEY] = ref[examples]
+        n = len(examples)
+        n_desirable = int(rows[F.PREFERENCE_LABEL].bool().sum())
+        weights = {"desirable_weight": desirable_weight, "undesirable_weight": undesirable_weight}
+
+        def micro_loss(
+            micro: Batch, logprobs: torch.Tensor, _entropy
+        ) -> tuple[torch.Tensor, dict[str, float]]:
+            device = logprobs.device
+            seq = sequence_logps(logprobs, micro[F.LOSS_MASK].to(device))
+            desirable = micro[F.PREFERENCE_LABEL].bool().to(device)
+            value, metrics = loss_fn(
+                seq,
+                micro[REF_SEQ_KEY].to(device),
+                desirable,
+                kl_logps.to(device),
+                ref_kl.to(device),
+                beta=beta,
+                **weights,
+            )
+            k, d = len(seq), int(desirable.sum())
+            # each metric enters the sum with its share of the rows it averages over, so the sum over
+            # micro-batches and ranks is the whole batch's value (a micro-batch may hold one label only)
+            shares = {
+                "rewards_chosen": d / max(n_desirable, 1),
+                "rewards_rejected": (k - d) / max(n - n_desirable, 1),
+            }
+            out = {
+                f"preference/{name}": float(v) * shares.get(name, k / n)
+                for name, v in metrics.items()
+                if name != "reward_margin"  # a difference of two batch means: taken after the sum
+            }
+            return value * (k / n), out
+
+        summed = self.backward_rows(rows, micro_loss, self.optimizer)
+        grad_norm = self._clip_and_step()
+        out = {k: v for k, v in summed.items() if k.startswith("preference/")}
+        out["preference/loss"] = summed[f"{self.metric_prefix}/loss"]
+        if 0 < n_desirable < n:
+            out["preference/reward_margin"] = (
+                out["preference/rewards_chosen"] - out["preference/rewards_rejected"]
+            )
+        out.update({"preference/grad_norm": grad_norm, "preference/examples": float(n)})
         return out

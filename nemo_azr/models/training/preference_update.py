@@ -24,7 +24,25 @@ from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.models.training.microbatch import trim_padding
 from nemo_azr.registry import PREFERENCE_LOSSES
 
-__all__ = ["PAIRED_LOSSES", "PreferenceUpdateMixin"]
+__all__ = ["PAIRED_LOSSES", "PreferenceUpdateMixin", "check_preference_step"]
+
+
+def check_preference_step(batch: Batch, loss: str) -> str:
+    """``loss`` if it names a preference loss the step trains and ``batch`` is fit for it (the
+    contract, plus the reference log-probs the caller computes); else a clear error. Every backend's
+    ``preference_step`` starts here."""
+    if loss not in (*PAIRED_LOSSES, "kto"):
+        raise ConfigError(
+            f"preference loss {loss!r}: the preference step trains {', '.join(PAIRED_LOSSES)} "
+            "(a pair's two rows per loss term) and kto (labelled rows)"
+        )
+    validate_preference_batch(batch, paired=loss != "kto", kl_rows=loss == "kto")
+    if F.REF_LOGPROBS not in batch.tensors:
+        raise BatchContractError(
+            f"preference batch: missing key {F.REF_LOGPROBS!r} [B,T] float (the frozen reference's "
+            "token log-probs, computed once per batch)"
+        )
+    return loss
 
 
 class PreferenceUpdateMixin:
@@ -43,18 +61,7 @@ class PreferenceUpdateMixin:
     ) -> dict[str, float]:
         """One step of ``loss`` over every pair (DPO, IPO) or labelled row (KTO, weighted by
         ``desirable_weight`` / ``undesirable_weight``) of ``batch``; returns ``preference/*`` metrics."""
-        if loss not in (*PAIRED_LOSSES, "kto"):
-            raise ConfigError(
-                f"preference loss {loss!r}: the preference step trains {', '.join(PAIRED_LOSSES)} "
-                "(a pair's two rows per loss term) and kto (labelled rows)"
-            )
-        loss_fn = PREFERENCE_LOSSES.get(loss)
-        validate_preference_batch(batch, paired=loss != "kto", kl_rows=loss == "kto")
-        if F.REF_LOGPROBS not in batch.tensors:
-            raise BatchContractError(
-                f"preference batch: missing key {F.REF_LOGPROBS!r} [B,T] float (the frozen reference's "
-                "token log-probs, computed once per batch)"
-            )
+        loss_fn = PREFERENCE_LOSSES.get(check_preference_step(batch, loss))
         ref = sequence_logps(batch[F.REF_LOGPROBS].float(), batch[F.LOSS_MASK]).to(self.device)
         if loss == "kto":
             return self._kto_step(batch, ref, loss_fn, beta, desirable_weight, undesirable_weight)
