@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
 
 
 @runtime_checkable
@@ -111,3 +115,12 @@ class PreferencePolicy(Protocol):
         desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0,
     ) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class RewardScorer(Protocol):
+    """A reward model behind the reward stage, wherever it runs (the trainer's process or its own):
+    ``score(messages, replies)`` -> a float tensor ``[len(replies)]`` on the CPU, one score per
+    reply to its prompt's chat messages."""
+
+    def score(self, messages: Sequence[list[dict]], replies: Sequence[str]) -> torch.Tensor: ...

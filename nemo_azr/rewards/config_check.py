@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from nemo_azr.config.checks import one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
 
@@ -23,6 +25,16 @@ def check_reward_model_config(cfg: NemoAzrConfig) -> None:
     require(rm.eval_every >= 1, f"reward_model.eval_every must be >= 1, got {rm.eval_every}")
     require(rm.batch_size >= 1, f"reward_model.batch_size must be >= 1, got {rm.batch_size}")
     one_of("reward_model.dtype", rm.dtype, ("float32", "bfloat16", "float16"))
+    one_of("reward_model.placement", rm.placement, ("trainer", "process"))
+    require(rm.num_threads >= 0, f"reward_model.num_threads must be >= 0, got {rm.num_threads}")
+    require(
+        not rm.device or rm.device == "cpu" or rm.device.startswith("cuda"),
+        f"reward_model.device={rm.device!r}: give cpu, cuda or cuda:N (or '' for the trainer's device)",
+    )
+    require(
+        not rm.device.startswith("cuda") or torch.cuda.is_available(),
+        f"reward_model.device={rm.device}: this machine has no CUDA device",
+    )
     if not rm.path:
         return
     require(

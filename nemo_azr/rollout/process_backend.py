@@ -18,17 +18,14 @@ shared, refittable weights; TensorRT-LLM's and vLLM's engines do the same for th
 from __future__ import annotations
 
 import shutil
-import signal
-import threading
-import traceback
-from typing import Any
+from functools import partial
 
 import torch
-import torch.multiprocessing as mp
 
 from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, SamplingParams
 from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
+from nemo_azr.utils.served_process import ServedProcess
 
 
 class GenerationProcessError(RuntimeError):
@@ -46,29 +43,20 @@ class ProcessGenerationBackend(GenerationEngineBase):
         self.model.share_memory()  # before the child starts: it receives handles to this storage
         self.tokenizer = backend.tokenizer
         self.version = backend.version
-        self._lock = threading.Lock()  # one call at a time on the pipe (the trainer may evaluate too)
-        ctx = mp.get_context("spawn")  # fork would copy a process that has threads and CUDA state
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_serve, args=(child_conn, backend, num_threads), name="nemo-azr-generation", daemon=True
+        self._child = ServedProcess(
+            partial(_Generate, backend),
+            what="generation",
+            error=GenerationProcessError,
+            num_threads=num_threads,
+            start_timeout_s=start_timeout_s,
         )
-        self._proc.start()
-        child_conn.close()
-        if not self._conn.poll(start_timeout_s):
-            self.shutdown()
-            raise GenerationProcessError(
-                f"the generation process did not start within {start_timeout_s:.0f} s"
-            )
-        self._receive()  # "ready", or the child's start-up error
 
     # --- backend interface ------------------------------------------------------------------------
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         device = self.model_device()
-        with self._lock:
-            if device.type == "cuda":  # weights written on the parent's streams must land first
-                torch.cuda.synchronize(device)
-            self._send(("generate", requests, sampling, _rng_state(device)))
-            outputs, rng = self._receive()
+        if device.type == "cuda":  # weights written on the parent's streams must land first
+            torch.cuda.synchronize(device)
+        outputs, rng = self._child.call(requests, sampling, _rng_state(device))
         _set_rng_state(device, rng)
         for out in outputs:  # the parent sets the version on a push; the child's copy never moves
             out.policy_version = self.version
@@ -87,43 +75,7 @@ class ProcessGenerationBackend(GenerationEngineBase):
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Ask the child to exit; terminate it if it does not."""
-        if self._proc.is_alive():
-            try:
-                with self._lock:
-                    self._conn.send(None)
-            except (OSError, BrokenPipeError):
-                pass
-            self._proc.join(timeout_s)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join(5)
-        self._conn.close()
-
-    # --- pipe ---------------------------------------------------------------------------------------
-    def _send(self, message: Any) -> None:
-        try:
-            self._conn.send(message)
-        except (OSError, BrokenPipeError) as exc:
-            raise self._died() from exc
-
-    def _receive(self) -> Any:
-        while not self._conn.poll(1.0):  # a child killed mid-call never answers: notice it
-            if not self._proc.is_alive():
-                raise self._died()
-        try:
-            status, payload = self._conn.recv()
-        except (EOFError, OSError) as exc:
-            raise self._died() from exc
-        if status == "error":
-            raise GenerationProcessError(f"generation process failed:\n{payload}")
-        return payload
-
-    def _died(self) -> GenerationProcessError:
-        self._proc.join(5)
-        return GenerationProcessError(
-            f"the generation process exited (exit code {self._proc.exitcode}; -9 is usually the "
-            "kernel's out-of-memory killer)"
-        )
+        self._child.shutdown(timeout_s)
 
 
 SHM_DIR = "/dev/shm"
@@ -145,34 +97,17 @@ def _check_shared_memory(model: torch.nn.Module, shm_dir: str = SHM_DIR) -> None
         )
 
 
-def _serve(conn, backend, num_threads: int) -> None:
-    """The child: answer ``generate`` calls until ``None`` arrives or the parent goes away."""
-    # SLURM signals every process of the job step (SIGTERM; SIGUSR1 ahead of the time limit). The
-    # trainer stops at a safe point and checkpoints, and it may need one more rollout to get there:
-    # the child leaves the signals to it and exits when the trainer closes it (or its pipe).
-    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
-    try:
-        if num_threads > 0:
-            torch.set_num_threads(num_threads)
-        conn.send(("ok", "ready"))
-        while True:
-            try:
-                message = conn.recv()
-            except EOFError:  # the parent exited
-                return
-            if message is None:
-                return
-            _, requests, sampling, rng = message
-            try:
-                device = next(backend.model.parameters()).device
-                _set_rng_state(device, rng)
-                outputs = backend.generate(requests, sampling)
-                conn.send(("ok", (outputs, _rng_state(device))))
-            except Exception:  # noqa: BLE001 - reported to the parent, which raises it
-                conn.send(("error", traceback.format_exc()))
-    except (BrokenPipeError, EOFError, KeyboardInterrupt):
-        return
+class _Generate:
+    """The child's handler: the torch RNG state travels in and out with every call."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def __call__(self, requests, sampling, rng):
+        device = next(self.backend.model.parameters()).device
+        _set_rng_state(device, rng)
+        outputs = self.backend.generate(requests, sampling)
+        return outputs, _rng_state(device)
 
 
 def _rng_state(device: torch.device) -> tuple[bytes, bytes | None]:

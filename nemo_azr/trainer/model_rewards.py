@@ -16,14 +16,14 @@ import torch
 from nemo_azr.config.schema import RewardModelConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.capabilities import RewardScorer
 from nemo_azr.contracts.task import Task
-from nemo_azr.rewards.reward_model import RewardModel
 
 __all__ = ["add_reward_model_scores"]
 
 
 def add_reward_model_scores(
-    batch: Batch, model: RewardModel, task: Task, cfg: RewardModelConfig
+    batch: Batch, model: RewardScorer, task: Task, cfg: RewardModelConfig
 ) -> dict[str, float]:
     """Mix the model's scores into ``batch[rewards]`` (in place); ``reward/model_score_mean`` and
     ``reward/rule_mean`` (over rows whose rule reward is a number)."""

@@ -33,7 +33,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch, Role, validate_batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import rollout_logprob_gap
-from nemo_azr.contracts.capabilities import PerRoleAdvantages, RowsPerPrompt
+from nemo_azr.contracts.capabilities import PerRoleAdvantages, RewardScorer, RowsPerPrompt
 from nemo_azr.contracts.schema import OLD_LOGPROBS_FROM_UPDATE, PROMPT_FEEDBACK
 from nemo_azr.contracts.update import CRITIC_SHUFFLE_SALT, POLICY_SHUFFLE_SALT, UpdateContext
 from nemo_azr.errors import (
@@ -51,7 +51,7 @@ from nemo_azr.registry import (
     POLICY_BACKENDS,
     WORKFLOWS,
 )
-from nemo_azr.rewards.reward_model import RewardModel
+from nemo_azr.rewards.reward_model_process import build_reward_scorer
 from nemo_azr.rollout.hf_backend import backend_kwargs, sampling_from_config
 from nemo_azr.rollout.process_backend import ProcessGenerationBackend
 from nemo_azr.selfplay.task import build_selfplay_task
@@ -193,12 +193,7 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
         self.critic = self._build_critic(role_estimators)  # first: a shared-trunk head joins the optimizer
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
-        rm = cfg.reward_model
-        self.reward_model = (
-            RewardModel(rm.path, device=self.device, dtype=rm.dtype, batch_size=rm.batch_size)
-            if rm.path
-            else None
-        )
+        self.reward_model: RewardScorer | None = build_reward_scorer(cfg.reward_model, self.device)
         self.ref = None
         if cfg.preference.loss:
             self._check_preference_policy()

@@ -82,6 +82,17 @@ def test_rl_with_the_reward_model_equals_its_scores_as_rule_rewards(tiny_cache, 
 
     got = without_machine_metrics(read_metrics(tmp_path / "rm" / "metrics.jsonl"))
     want = without_machine_metrics(read_metrics(tmp_path / "rule" / "metrics.jsonl"))
+    # the same model in a process of its own: the same run
+    own_process = Trainer(
+        _rl(
+            tiny_cache,
+            tmp_path / "rm_proc",
+            f"reward_model.path={trained_rm}",
+            "reward_model.placement=process",
+        )
+    )
+    assert own_process.fit().status == "completed"
+    assert without_machine_metrics(read_metrics(tmp_path / "rm_proc" / "metrics.jsonl")) == got
     for g, w in zip(got, want, strict=True):
         assert g["reward/model_score_mean"] == pytest.approx(w["reward/mean"], abs=1e-5)
         assert 0.0 <= g["reward/rule_mean"] <= 1.0  # the task's accuracy, logged beside the model's score

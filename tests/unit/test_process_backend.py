@@ -82,7 +82,7 @@ def test_child_error_and_death_are_reported(tiny_model_path):
             remote.generate(bad, SamplingParams(max_new_tokens=2))
         ok = [GenerationRequest(encode_prompt(tok, [{"role": "user", "content": "Hi"}]))]
         assert remote.generate(ok, SamplingParams(max_new_tokens=2))  # the child survives an error
-        os.kill(remote._proc.pid, signal.SIGKILL)
+        os.kill(remote._child.pid, signal.SIGKILL)
         with pytest.raises(GenerationProcessError, match="exit code -9"):
             remote.generate(ok, SamplingParams(max_new_tokens=2))
     finally:

@@ -101,3 +101,26 @@ def test_rewards_mix_the_rule_and_the_models_score(rm_folder, rule_weight, weigh
     assert math.isfinite(float(batch[F.REWARDS][1])) == (rule_weight == 0)  # no rule: the row stays
     assert metrics["reward/model_score_mean"] == pytest.approx(float(scores.mean()), abs=1e-6)
     assert metrics["reward/rule_mean"] == pytest.approx(0.5)
+
+
+def test_the_reward_model_in_its_own_process_scores_like_in_the_trainers(rm_folder, tmp_path):
+    import os
+    import signal
+
+    from nemo_azr.rewards.reward_model_process import RewardModelProcess, RewardModelProcessError
+
+    remote = RewardModelProcess(rm_folder, batch_size=2, num_threads=1)
+    try:
+        got = remote.score(CHATS, REPLIES)
+        torch.testing.assert_close(got, RewardModel(rm_folder, batch_size=2).score(CHATS, REPLIES))
+        with pytest.raises(RewardModelProcessError, match="reward model process failed"):
+            remote.score(CHATS, REPLIES[:2])  # one reply short: the child raises, and lives on
+        torch.testing.assert_close(remote.score(CHATS[:1], REPLIES[:1]), got[:1])
+        os.kill(remote._child.pid, signal.SIGKILL)
+        with pytest.raises(RewardModelProcessError, match="exit code -9"):
+            remote.score(CHATS, REPLIES)
+    finally:
+        remote.close()
+    # a folder that is no reward model: the child's check comes back as the one-line config error
+    with pytest.raises(ConfigError, match="no model folder"):
+        RewardModelProcess(tmp_path / "none")

@@ -1,0 +1,78 @@
+"""The reward model in a process of its own (``reward_model.placement=process``).
+
+A reward model as large as the policy doubles the trainer's memory and shares its threads (and, on
+a GPU, its device). In its own process it keeps its weights, caches and allocator apart, may sit on
+another device (``reward_model.device``), and a crash in it ends the run with one line naming it
+rather than taking the trainer's memory down with it. The scores are the same as in the trainer's
+process: the same :class:`~nemo_azr.rewards.reward_model.RewardModel` runs in the child.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from nemo_azr.config.schema import RewardModelConfig
+from nemo_azr.contracts.capabilities import RewardScorer
+from nemo_azr.rewards.reward_model import RewardModel
+from nemo_azr.utils.served_process import ServedProcess
+
+__all__ = ["RewardModelProcess", "RewardModelProcessError", "build_reward_scorer"]
+
+
+class RewardModelProcessError(RuntimeError):
+    """The reward-model process failed or exited; the message carries its traceback or exit code."""
+
+
+class _Score:
+    """The child's handler: the reward model, built once, scoring each call."""
+
+    def __init__(self, path: str, device: str, dtype: str, batch_size: int) -> None:
+        self.model = RewardModel(path, device=device, dtype=dtype, batch_size=batch_size)
+
+    def __call__(self, messages: list[list[dict]], replies: list[str]) -> torch.Tensor:
+        return self.model.score(messages, replies)
+
+
+class RewardModelProcess:
+    """A :class:`RewardModel` in a spawned child: ``score`` sends the texts and gets the scores."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        batch_size: int = 16,
+        num_threads: int = 0,
+    ) -> None:
+        self._child = ServedProcess(
+            partial(_Score, str(path), str(device), dtype, batch_size),
+            what="reward model",
+            error=RewardModelProcessError,
+            num_threads=num_threads,
+        )
+        weakref.finalize(self, self._child.shutdown)  # the trainer may be dropped without a close
+
+    def score(self, messages: Sequence[list[dict]], replies: Sequence[str]) -> torch.Tensor:
+        return self._child.call(list(messages), list(replies))
+
+    def close(self) -> None:
+        self._child.shutdown()
+
+
+def build_reward_scorer(cfg: RewardModelConfig, trainer_device: torch.device | str) -> RewardScorer | None:
+    """The scorer ``reward_model.*`` asks for: none without a path, else the model in the trainer's
+    process or in its own, on ``reward_model.device`` (default: the trainer's)."""
+    if not cfg.path:
+        return None
+    device = cfg.device or str(trainer_device)
+    if cfg.placement == "process":
+        return RewardModelProcess(
+            cfg.path, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size, num_threads=cfg.num_threads
+        )
+    return RewardModel(cfg.path, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size)
