@@ -574,6 +574,7 @@ class RewardModelConfig:
     batch_size: int = 16  # replies scored per forward
     dtype: str = "float32"  # float32 | bfloat16 | float16: the scoring model's own dtype
     placement: str = "trainer"  # trainer: in the trainer's process | process: in a process of its own
+    per_token: bool = False  # reward each response token by the score's change (needs the policy's tokenizer)
     device: str = ""  # where it scores ("cpu", "cuda:1"); "": the trainer's device
     num_threads: int = 0  # placement=process: the child's torch threads (0: torch's default)
     # nemo-azr train-rm: pairs as preference.* reads them (pairs_path, or generated from data.task=arithmetic)

@@ -121,6 +121,9 @@ class PreferencePolicy(Protocol):
 class RewardScorer(Protocol):
     """A reward model behind the reward stage, wherever it runs (the trainer's process or its own):
     ``score(messages, replies)`` -> a float tensor ``[len(replies)]`` on the CPU, one score per
-    reply to its prompt's chat messages."""
+    reply to its prompt's chat messages; ``token_scores(input_ids, attention_mask)`` -> ``[B, T]``,
+    the score of each row's prefix ending at every position (rows in the policy's tokens)."""
 
     def score(self, messages: Sequence[list[dict]], replies: Sequence[str]) -> torch.Tensor: ...
+
+    def token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from nemo_azr.errors import ConfigError
 from nemo_azr.rollout.single_turn import encode_prompt
 
-__all__ = ["RewardModel", "bradley_terry_loss", "reward_model_input", "right_padded"]
+__all__ = ["RewardModel", "bradley_terry_loss", "every_token_scores", "reward_model_input", "right_padded"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,6 +68,15 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return _head(model)(picked).squeeze(-1).float()
 
 
+def every_token_scores(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """``[B, T]``: the head's logit at every position, each the score of the sequence up to and
+    including that token (what the head reads at a reply's last token, read everywhere)."""
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return _head(model)(out.last_hidden_state).squeeze(-1).float()
+
+
 def _head(model) -> torch.nn.Module:
     for name in ("score", "classifier"):  # transformers' names for the sequence-classification head
         head = getattr(model, name, None)
@@ -80,7 +89,8 @@ def _head(model) -> torch.nn.Module:
 
 
 class RewardModel:
-    """A frozen reward model: ``score(messages, replies)`` -> one float per reply, batched."""
+    """A frozen reward model: ``score(messages, replies)`` -> one float per reply, batched;
+    ``token_scores(input_ids, attention_mask)`` -> a score at every position of token rows."""
 
     def __init__(
         self,
@@ -127,3 +137,17 @@ class RewardModel:
             ids, mask = right_padded(rows[start : start + self.batch_size], self.pad_id)
             scores.append(last_token_scores(self.model, ids.to(self.device), mask.to(self.device)).cpu())
         return torch.cat(scores) if scores else torch.zeros(0)
+
+    @torch.no_grad()
+    def token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` float32 scores on the CPU at every position of rows already in the policy's
+        tokens (the batch's ``[left-padded prompt | right-padded response]``), padding scored 0."""
+        from nemo_azr.contracts.assemble import position_ids_from_mask
+
+        out = []
+        for start in range(0, len(input_ids), self.batch_size):
+            ids = input_ids[start : start + self.batch_size].to(self.device)
+            mask = attention_mask[start : start + self.batch_size].to(self.device)
+            scores = every_token_scores(self.model, ids, mask, position_ids_from_mask(mask))
+            out.append((scores * mask).cpu())
+        return torch.cat(out) if out else torch.zeros(0, input_ids.shape[-1])

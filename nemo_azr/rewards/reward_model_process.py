@@ -18,6 +18,7 @@ import torch
 
 from nemo_azr.config.schema import RewardModelConfig
 from nemo_azr.contracts.capabilities import RewardScorer
+from nemo_azr.errors import ConfigError
 from nemo_azr.rewards.reward_model import RewardModel
 from nemo_azr.utils.served_process import ServedProcess
 
@@ -34,8 +35,10 @@ class _Score:
     def __init__(self, path: str, device: str, dtype: str, batch_size: int) -> None:
         self.model = RewardModel(path, device=device, dtype=dtype, batch_size=batch_size)
 
-    def __call__(self, messages: list[list[dict]], replies: list[str]) -> torch.Tensor:
-        return self.model.score(messages, replies)
+    def __call__(self, method: str, *args):
+        if method not in ("score", "token_scores"):
+            raise ValueError(f"reward model process: no method {method!r}")
+        return getattr(self.model, method)(*args)
 
 
 class RewardModelProcess:
@@ -59,20 +62,45 @@ class RewardModelProcess:
         weakref.finalize(self, self._child.shutdown)  # the trainer may be dropped without a close
 
     def score(self, messages: Sequence[list[dict]], replies: Sequence[str]) -> torch.Tensor:
-        return self._child.call(list(messages), list(replies))
+        return self._child.call("score", list(messages), list(replies))
+
+    def token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self._child.call("token_scores", input_ids, attention_mask)
 
     def close(self) -> None:
         self._child.shutdown()
 
 
-def build_reward_scorer(cfg: RewardModelConfig, trainer_device: torch.device | str) -> RewardScorer | None:
+def build_reward_scorer(
+    cfg: RewardModelConfig, trainer_device: torch.device | str, policy_tokenizer=None
+) -> RewardScorer | None:
     """The scorer ``reward_model.*`` asks for: none without a path, else the model in the trainer's
-    process or in its own, on ``reward_model.device`` (default: the trainer's)."""
+    process or in its own, on ``reward_model.device`` (default: the trainer's). Per-token scoring
+    reads the policy's token ids, so it needs ``policy_tokenizer``'s vocabulary."""
     if not cfg.path:
         return None
+    if cfg.per_token:
+        check_same_vocabulary(cfg.path, policy_tokenizer)
     device = cfg.device or str(trainer_device)
     if cfg.placement == "process":
         return RewardModelProcess(
             cfg.path, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size, num_threads=cfg.num_threads
         )
     return RewardModel(cfg.path, device=device, dtype=cfg.dtype, batch_size=cfg.batch_size)
+
+
+def check_same_vocabulary(path: str | Path, policy_tokenizer) -> None:
+    """Per-token scores are read on the policy's own token ids: the reward model must share its
+    vocabulary (one ``train-rm`` trained from the policy's base does)."""
+    from transformers import AutoTokenizer
+
+    try:
+        mine = AutoTokenizer.from_pretrained(Path(path).expanduser()).get_vocab()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"reward_model.path={str(path)!r}: no tokenizer there ({exc})") from None
+    if policy_tokenizer is None or mine != policy_tokenizer.get_vocab():
+        raise ConfigError(
+            f"reward_model.per_token=true scores the policy's own tokens, but reward_model.path={str(path)!r} "
+            "has another vocabulary; train the reward model from the policy's base (nemo-azr train-rm "
+            "model=...) or set reward_model.per_token=false"
+        )

@@ -193,7 +193,9 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         self.policy = policy_cls(self.model_path, cfg, trainable=True, device=self.device)
         self.critic = self._build_critic(role_estimators)  # first: a shared-trunk head joins the optimizer
         self.policy.setup_optimizer(total_steps=self._optimizer_steps_total())
-        self.reward_model: RewardScorer | None = build_reward_scorer(cfg.reward_model, self.device)
+        self.reward_model: RewardScorer | None = build_reward_scorer(
+            cfg.reward_model, self.device, self.tokenizer
+        )
         self.ref = None
         if cfg.preference.loss:
             self._check_preference_policy()

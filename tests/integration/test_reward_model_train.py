@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from nemo_azr.cli import main
 from nemo_azr.preflight import load_config
@@ -104,3 +105,35 @@ def test_rl_with_the_reward_model_equals_its_scores_as_rule_rewards(tiny_cache, 
     assert sample["reward"] == pytest.approx(
         float(scorer.score([task.messages(ex)], [sample["response"]])[0]), abs=1e-5
     )
+
+
+def test_per_token_rewards_reach_the_critic_run(tiny_cache, tmp_path, trained_rm):
+    """PPO with GAE on per-token scores, the model in its own process: each response token's reward
+    is the change of the reward model's score it caused, as the model gives it in this process."""
+    from nemo_azr.contracts import fields as F
+    from nemo_azr.trainer.model_rewards import score_differences
+
+    trainer = Trainer(
+        _rl(
+            tiny_cache,
+            tmp_path / "dense",
+            "algorithm=ppo",
+            f"reward_model.path={trained_rm}",
+            "reward_model.per_token=true",
+            "reward_model.placement=process",
+            "reward_model.weight=2.0",
+        )
+    )
+    scored = []
+    score = trainer._score
+    trainer._score = lambda batch, metrics: scored.append(score(batch, metrics)) or scored[-1]
+    assert trainer.fit().status == "completed"
+    assert len(scored) == 2
+    local = RewardModel(trained_rm)
+    for batch in scored:
+        token_scores = local.token_scores(batch[F.INPUT_IDS], batch[F.ATTENTION_MASK])
+        want = 2.0 * score_differences(token_scores, batch[F.LOSS_MASK])
+        assert batch[F.TOKEN_REWARDS].abs().sum() > 0
+        torch.testing.assert_close(batch[F.TOKEN_REWARDS], want, atol=1e-5, rtol=0)
+    rows = read_metrics(tmp_path / "dense" / "metrics.jsonl")
+    assert all(r["critic/loss"] > 0 for r in rows)

@@ -112,7 +112,13 @@ def test_the_reward_model_in_its_own_process_scores_like_in_the_trainers(rm_fold
     remote = RewardModelProcess(rm_folder, batch_size=2, num_threads=1)
     try:
         got = remote.score(CHATS, REPLIES)
-        torch.testing.assert_close(got, RewardModel(rm_folder, batch_size=2).score(CHATS, REPLIES))
+        local = RewardModel(rm_folder, batch_size=2)
+        torch.testing.assert_close(got, local.score(CHATS, REPLIES))
+        rows, _, _ = _token_rows(local.tokenizer, CHATS, REPLIES)
+        torch.testing.assert_close(
+            remote.token_scores(rows[F.INPUT_IDS], rows[F.ATTENTION_MASK]),
+            local.token_scores(rows[F.INPUT_IDS], rows[F.ATTENTION_MASK]),
+        )
         with pytest.raises(RewardModelProcessError, match="reward model process failed"):
             remote.score(CHATS, REPLIES[:2])  # one reply short: the child raises, and lives on
         torch.testing.assert_close(remote.score(CHATS[:1], REPLIES[:1]), got[:1])
@@ -124,3 +130,77 @@ def test_the_reward_model_in_its_own_process_scores_like_in_the_trainers(rm_fold
     # a folder that is no reward model: the child's check comes back as the one-line config error
     with pytest.raises(ConfigError, match="no model folder"):
         RewardModelProcess(tmp_path / "none")
+
+
+def test_score_differences_by_hand():
+    from nemo_azr.trainer.model_rewards import score_differences
+
+    # row 0: pad, prompt 2 tokens, 2 response tokens; row 1: prompt 3 tokens, 1 response token, pad
+    scores = torch.tensor([[0.0, 1.0, 3.0, 2.0, 5.0], [4.0, 1.0, 2.0, 7.0, 0.0]])
+    loss_mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 1, 0]])
+    want = torch.tensor([[0.0, 0.0, 0.0, 2.0 - 3.0, 5.0 - 2.0], [0.0, 0.0, 0.0, 7.0 - 2.0, 0.0]])
+    torch.testing.assert_close(score_differences(scores, loss_mask), want)
+
+
+def _token_rows(tok, chats, replies):
+    from nemo_azr.contracts.assemble import pack_prompt_response
+    from nemo_azr.rollout.single_turn import encode_prompt
+
+    prompts = [encode_prompt(tok, c) for c in chats]
+    responses = [tok(r, add_special_tokens=False)["input_ids"] for r in replies]
+    return pack_prompt_response(prompts, responses, None, pad_id=tok.pad_token_id), prompts, responses
+
+
+def test_token_scores_are_each_prefix_scored_alone(rm_folder):
+    """Every position of a padded batch scores what the model's own pooling gives the prefix ending
+    there, alone and unpadded; per-token rewards sum to the reply's score less the prompt's."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(rm_folder)
+    rows, prompts, responses = _token_rows(tok, CHATS, REPLIES)
+    scorer = RewardModel(rm_folder, batch_size=2)
+    got = scorer.token_scores(rows[F.INPUT_IDS], rows[F.ATTENTION_MASK])
+    model = AutoModelForSequenceClassification.from_pretrained(rm_folder).eval()
+    width = rows[F.INPUT_IDS].shape[1]
+    p_len = max(len(p) for p in prompts)
+    for i, (prompt, response) in enumerate(zip(prompts, responses)):
+        seq = [*prompt, *response]
+        for k in range(len(prompt), len(seq) + 1):  # the prompt alone, then each reply prefix
+            with torch.no_grad():
+                want = model(input_ids=torch.tensor([seq[:k]])).logits[0, 0]
+            column = p_len - len(prompt) + k - 1  # left-padded prompt, response from column p_len
+            assert float(got[i, column]) == pytest.approx(float(want), abs=1e-5), (i, k)
+        assert got.shape == (3, width)
+
+    batch = Batch(
+        {F.REWARDS: torch.tensor([1.0, 0.0, 1.0]), **rows},
+        {"example": [Example(f"q{i}", c[0]["content"], "") for i, c in enumerate(CHATS)]},
+    )
+    cfg = RewardModelConfig(per_token=True, weight=2.0, rule_weight=0.5)
+    metrics = add_reward_model_scores(batch, scorer, _OneMessageTask(), cfg)
+    full = scorer.score(CHATS, REPLIES)  # the reply's last token, the sequence score
+    prompt_scores = torch.stack([got[i, p_len - 1] for i in range(3)])
+    torch.testing.assert_close(metrics["reward/model_score_mean"], float((full - prompt_scores).mean()))
+    want_rows = 2.0 * (full - prompt_scores) + 0.5 * torch.tensor([1.0, 0.0, 1.0])
+    torch.testing.assert_close(batch[F.TOKEN_REWARDS].sum(-1), want_rows, atol=1e-5, rtol=0)
+    torch.testing.assert_close(batch[F.REWARDS], want_rows, atol=1e-5, rtol=0)
+    assert bool((batch[F.TOKEN_REWARDS] * (1 - rows[F.LOSS_MASK]) == 0).all())  # prompts get nothing
+
+
+def test_per_token_scores_need_the_policys_vocabulary(rm_folder, tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from nemo_azr.rewards.reward_model_process import build_reward_scorer
+
+    tok = AutoTokenizer.from_pretrained(rm_folder)
+    cfg = RewardModelConfig(path=str(rm_folder), per_token=True)
+    assert build_reward_scorer(cfg, "cpu", tok) is not None
+    other = tmp_path / "other_vocab"
+    shutil.copytree(rm_folder, other)
+    grown = AutoTokenizer.from_pretrained(rm_folder)
+    grown.add_tokens(["<not-in-the-policy>"])
+    grown.save_pretrained(other)
+    with pytest.raises(ConfigError, match="has another vocabulary"):
+        build_reward_scorer(RewardModelConfig(path=str(other), per_token=True), "cpu", tok)
