@@ -57,6 +57,7 @@ class RewardModelProcess:
             partial(_Score, str(path), str(device), dtype, batch_size),
             what="reward model",
             error=RewardModelProcessError,
+            passthrough=(ConfigError,),
             num_threads=num_threads,
         )
         weakref.finalize(self, self._child.shutdown)  # the trainer may be dropped without a close

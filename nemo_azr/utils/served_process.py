@@ -22,8 +22,6 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from nemo_azr.errors import ConfigError
-
 __all__ = ["ServedProcess"]
 
 
@@ -31,7 +29,9 @@ class ServedProcess:
     """``call(*args)`` runs ``handler(*args)`` in the child, where ``handler = factory()``.
 
     ``what`` names the process in errors ("the generation process"); ``error`` is the exception
-    type raised for its failures; ``num_threads`` > 0 sets the child's torch threads.
+    type raised for its failures; ``passthrough``: exception types the child's start-up may raise
+    that come back as they are (a bad setting found in the child: the user's one-line error);
+    ``num_threads`` > 0 sets the child's torch threads.
     """
 
     def __init__(
@@ -40,6 +40,7 @@ class ServedProcess:
         *,
         what: str,
         error: type[Exception] = RuntimeError,
+        passthrough: tuple[type[Exception], ...] = (),
         num_threads: int = 0,
         start_timeout_s: float = 300.0,
     ) -> None:
@@ -48,7 +49,10 @@ class ServedProcess:
         ctx = mp.get_context("spawn")  # fork would copy a process that has threads and CUDA state
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_serve, args=(child_conn, factory, num_threads), name=f"nemo-azr-{what}", daemon=True
+            target=_serve,
+            args=(child_conn, factory, passthrough, num_threads),
+            name=f"nemo-azr-{what}",
+            daemon=True,
         )
         self._proc.start()
         child_conn.close()
@@ -57,7 +61,7 @@ class ServedProcess:
             raise error(f"the {what} process did not start within {start_timeout_s:.0f} s")
         try:
             self._receive()  # "ready", or the child's start-up error
-        except (error, ConfigError):
+        except (error, *passthrough):
             self.shutdown()
             raise
 
@@ -98,8 +102,8 @@ class ServedProcess:
             status, payload = self._conn.recv()
         except (EOFError, OSError) as exc:
             raise self._died() from exc
-        if status == "config_error":  # a bad setting found in the child: the user's one-line error
-            raise ConfigError(payload)
+        if status == "raise":  # a passthrough exception from the child's start-up, as it was
+            raise payload
         if status == "error":
             raise self.error(f"{self.what} process failed:\n{payload}")
         return payload
@@ -112,7 +116,12 @@ class ServedProcess:
         )
 
 
-def _serve(conn, factory: Callable[[], Callable[..., Any]], num_threads: int) -> None:
+def _serve(
+    conn,
+    factory: Callable[[], Callable[..., Any]],
+    passthrough: tuple[type[Exception], ...],
+    num_threads: int,
+) -> None:
     """The child: build the handler, then answer calls until ``None`` arrives or the parent goes away."""
     # SLURM signals every process of the job step (SIGTERM; SIGUSR1 ahead of the time limit). The
     # trainer stops at a safe point and checkpoints, and it may need one more call to get there:
@@ -124,8 +133,8 @@ def _serve(conn, factory: Callable[[], Callable[..., Any]], num_threads: int) ->
             torch.set_num_threads(num_threads)
         try:
             handler = factory()
-        except ConfigError as exc:
-            conn.send(("config_error", str(exc)))
+        except passthrough as exc:
+            conn.send(("raise", exc))
             return
         except Exception:  # noqa: BLE001 - reported to the parent, which raises it
             conn.send(("error", traceback.format_exc()))
