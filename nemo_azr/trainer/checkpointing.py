@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,10 +87,24 @@ class CheckpointingMixin:
     _warmup: SFTWarmup | None = None  # a warm-up stopped part-way, while its checkpoint is written
     _resumed_in_flight: dict | None = None  # the resume checkpoint's async in-flight rollouts
 
+    _save_seconds: float = 0.0  # the saves' wall time since the last take_save_seconds()
+
+    def take_save_seconds(self) -> float:
+        """Seconds this rank spent in :meth:`save_checkpoint` since the last call (``timing/save_s``)."""
+        seconds, self._save_seconds = self._save_seconds, 0.0
+        return seconds
+
     def save_checkpoint(self) -> Path:
         """Write ``step_<step>`` (collective under torchrun). With ``trainer.async_save`` the policy's
         shards are written in the background and the folder is published (COMPLETE marker, rename)
         by :meth:`finalize_checkpoints`; the returned path exists once that has run."""
+        start = time.perf_counter()
+        try:
+            return self._save_checkpoint()
+        finally:
+            self._save_seconds += time.perf_counter() - start
+
+    def _save_checkpoint(self) -> Path:
         self.finalize_checkpoints(blocking=True)  # at most one save in flight
         multi = dist.is_initialized() and dist.get_world_size() > 1
         asynchronous = self.cfg.trainer.async_save

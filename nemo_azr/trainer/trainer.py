@@ -851,6 +851,9 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
             preempted = self._preemption_agreed()
             if preempted and finite_loss(run.last):
                 run.last_saved, run.dirty = self.save_checkpoint(), False
+            # Saves since the previous record: the interval save below lands in the next step's
+            # record (logging first, so a crash inside a save loses no record of a saved step).
+            run.last["timing/save_s"] = self.take_save_seconds()
             logger.log(self.state.step, run.last)
             logger.log_samples(self.state.step, self.last_samples)
             check_finite_loss(run.last, self.state.step)

@@ -27,11 +27,15 @@ PORT=${NEMO_AZR_SLURM_PORT:-6817}  # slurmctld port; slurmd uses PORT+1 (node i 
 NODES=${NEMO_AZR_SLURM_NODES:-1}
 PARTITION=${NEMO_AZR_SLURM_PARTITION:-debug}
 URGENT=urgent  # a partition whose jobs preempt those of $PARTITION
+# s without an answer from a slurmd before slurmctld sets its node DOWN and fails the node's jobs
+# (NODE_FAIL; requeued when they may be); Slurm's default 300
+SLURMD_TIMEOUT=${NEMO_AZR_SLURMD_TIMEOUT:-300}
 PACKAGES=(slurmctld slurmd slurm-client munge)
 
 die() { echo "start.sh: $*" >&2; exit "${2:-1}"; }
 [ "$(id -u)" = 0 ] || die "needs root (the daemons run as root here)"
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "NEMO_AZR_SLURM_NODES must be a positive integer, got '$NODES'"
+[[ "$SLURMD_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "NEMO_AZR_SLURMD_TIMEOUT must be a positive integer (seconds), got '$SLURMD_TIMEOUT'"
 
 have_binaries() { command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null
 if ! have_binaries; then
@@ -110,6 +114,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
+SlurmdTimeout=$SLURMD_TIMEOUT
 MailProg=/bin/true
 SchedulerParameters=bf_interval=1,sched_interval=1
 # No slurmdbd: finished jobs are written to a text file (the launcher's status falls back to it).
@@ -147,10 +152,16 @@ for n in "${NODE_NAMES[@]}"; do
     fi
 done
 
+# Up: every node answers and takes jobs (idle; or running one already, when a node that was lost
+# comes back under a requeued job); "*" marks a node that does not answer.
+nodes_up() {
+    [ "$(sinfo -h -N -p "$PARTITION" -o %N | wc -l)" = "$NODES" ] \
+        && ! sinfo -h -N -p "$PARTITION" -o %T | grep -Eqv '^(idle|mixed|allocated|completing)$'
+}
 for _ in $(seq 150); do
-    states=$(sinfo -h -N -p "$PARTITION" -o %T 2>/dev/null | sort -u | tr '\n' ' ')
-    [ "$states" = "idle " ] && [ "$(sinfo -h -N -p "$PARTITION" -o %N | wc -l)" = "$NODES" ] && break
+    nodes_up 2>/dev/null && break
     sleep 0.2
 done
-[ "$states" = "idle " ] || die "nodes $NODE_LIST are '${states:-unknown}', not all idle (see $DIR/log/slurmd*.log)"
+states=$(sinfo -h -N -p "$PARTITION" -o %T 2>/dev/null | sort -u | tr '\n' ' ')
+nodes_up 2>/dev/null || die "nodes $NODE_LIST are '${states:-unknown}', not all up (see $DIR/log/slurmd*.log)"
 echo "export SLURM_CONF=$SLURM_CONF"

@@ -40,6 +40,8 @@ def test_console_metrics_samples_and_checkpoints_count_steps_alike(tiny_cache, t
 
     metrics = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in metrics] == [1, 2, 3]
+    # step_2 is written after step 2's record: its time is in the next record's timing/save_s
+    assert [r["timing/save_s"] > 0 for r in metrics] == [False, False, True]
     assert sorted({r["step"] for r in read_metrics(out / "samples.jsonl")}) == [1, 2, 3]
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))
     assert ckpts == ["step_2", "step_3"]

@@ -13,6 +13,7 @@ on the default ports is left alone). Running these tests installs nothing unless
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -78,6 +79,24 @@ def _free_ports(count: int) -> int:
     raise RuntimeError(f"no {count} consecutive free ports")
 
 
+#: A node whose slurmd stops answering is set DOWN (its jobs NODE_FAIL) after this many seconds;
+#: Slurm's default is 300. Far above a ping's answer time on a loaded 2-core machine.
+SLURMD_TIMEOUT_S = 30
+START_ENV_FILE = "test-start-env.json"  # in the state folder: the settings the cluster was started with
+
+
+def start_missing_daemons(state: Path) -> None:
+    """Run start.sh again on a running cluster: it starts the daemons that are gone (a killed slurmd)."""
+    started = subprocess.run(
+        ["bash", str(CLUSTER_DIR / "start.sh"), str(state)],
+        env=dict(os.environ, **json.loads((state / START_ENV_FILE).read_text())),
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
+    assert started.returncode == 0, started.stderr + _tail(state / "log" / "slurmctld.log")
+
+
 def _cluster(nodes: int):
     """Start a cluster of ``nodes`` nodes; yields its state folder (``SLURM_CONF`` is set meanwhile)."""
     mode = slurm_tests_mode()
@@ -92,7 +111,10 @@ def _cluster(nodes: int):
         NEMO_AZR_SLURM_NODES=str(nodes),
         NEMO_AZR_SLURM_CLEAN="1",
         NEMO_AZR_SLURM_INSTALL="1" if mode == "required" else "0",
+        NEMO_AZR_SLURMD_TIMEOUT=str(SLURMD_TIMEOUT_S),
     )
+    settings = {k: v for k, v in env.items() if k.startswith("NEMO_AZR_SLURM")}
+    (state / START_ENV_FILE).write_text(json.dumps(settings))
     started = subprocess.run(
         ["bash", str(CLUSTER_DIR / "start.sh"), str(state)],
         env=env,

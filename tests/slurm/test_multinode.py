@@ -7,7 +7,10 @@ Slurm): the launcher's multi-node rendezvous (MASTER_ADDR from the first node's 
 changes nothing in what is trained. The same job signalled mid-run (as at its time limit) saves
 every rank's shard, requeues, resumes on both nodes and logs what the uninterrupted run logs. When
 the second node's training processes are killed, or stopped as a whole (a hung node), the job ends
-with one line naming the lost ranks and their node, requeues and resumes from its newest checkpoint.
+with one line naming the lost ranks and their node, requeues and resumes from its newest checkpoint;
+when its slurmd is killed instead, Slurm fails the job (NODE_FAIL) and requeues it, and it resumes
+once the node is back. Checkpoints move between layouts and node counts (PP x DP across the nodes
+under the torchrun launcher).
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from tests.slurm.jobs import (
     JOB_TIMEOUT_S,
     job_log,
     launch,
+    metric_lines,
+    queued,
     states,
     submit,
     tiny_overrides,
     wait_done,
     wait_for_steps,
+    wait_not_running,
 )
 
 #: Long enough that the signal sent after step 2 lands mid-run: the steps after it take tens of seconds
@@ -191,6 +197,69 @@ def test_a_lost_node_ends_the_job_in_one_line_and_the_requeued_job_resumes(
     print(f"lost node ({how}) -> job requeued after {detected_s:.0f} s")
 
 
+@pytest.mark.slow
+def test_a_node_whose_slurmd_dies_fails_the_job_and_it_resumes_when_the_node_returns(
+    slurm_two_nodes, tiny_cache, tmp_path
+):
+    """Node nemo2's slurmd is killed mid-run; its ranks go on (slurmstepd outlives slurmd). After
+    SlurmdTimeout Slurm sets nemo2 DOWN and fails the job (NODE_FAIL): it SIGTERMs what it can
+    reach, the ranks agree to stop, checkpoint and exit 75 (nemo2's too: the stop is collective),
+    Slurm requeues the job and the script names the node. Nothing of the job is left running; the
+    job waits for its nodes, and resumes from that checkpoint once nemo2's slurmd is back. The job
+    is given more steps than it can run, so it is still training whenever the failure lands."""
+    from nemo_azr.trainer.checkpoint import verify_checkpoint
+    from tests.slurm.conftest import SLURMD_TIMEOUT_S, start_missing_daemons
+
+    out, logs = tmp_path / "run", tmp_path / "logs"
+    metrics = out / "metrics.jsonl"
+    overrides = tiny_overrides(tiny_cache, out, logs, *TRAIN)
+    overrides += [
+        "trainer.max_steps=100000",  # overrides TRAIN's: ended by the test, never by itself
+        "cluster.nodes=2",
+        "cluster.tasks_per_node=2",
+        "trainer.save_interval=4",
+        "trainer.keep_last=2",
+    ]
+    (job,), _ = submit(*overrides)
+    pidfile = slurm_two_nodes / "run" / "slurmd-nemo2.pid"
+    try:
+        wait_for_steps(metrics, job, logs, steps=6)
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        lost_at = time.monotonic()
+        # SlurmdTimeout, the controller's ping interval, then KillWait (30 s) at most for the ranks
+        state = wait_not_running(job, timeout=SLURMD_TIMEOUT_S + 120)
+        ended_s = time.monotonic() - lost_at
+        assert state == "PENDING", (state, job_log(job, logs))  # requeued by Slurm
+        deadline = time.monotonic() + 60
+        while left := _node_processes(job, "nemo1") + _node_processes(job, "nemo2"):
+            assert time.monotonic() < deadline, [p.cmdline() for p in left]
+            time.sleep(1)
+        log = job_log(job, logs)
+        assert "Node failure on nemo2" in log and "DUE TO NODE FAILURE" in log, log
+        # The script's line: Slurm's requeue, named by the node (the ranks stopped on Slurm's
+        # SIGTERM), or the lost ranks (had nemo2's ranks ended first, on their closed output).
+        named = (
+            rf"Slurm has requeued job {job} \(node failure: nemo2 not responding\)|lost ranks 2, 3 on nemo2"
+        )
+        assert re.search(named, log), log
+        complete = [p for p in (out / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file()]
+        k = max(int(p.name.removeprefix("step_")) for p in complete)
+        assert k >= 4 and verify_checkpoint(out / "checkpoints" / f"step_{k}") is None, log
+    finally:
+        start_missing_daemons(slurm_two_nodes)  # nemo2 back: the requeued job starts again
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while metric_lines(metrics) < k + 2 or f"resumed from {out}/checkpoints/step_{k} (step {k})" not in (
+        log := job_log(job, logs)
+    ):
+        assert time.monotonic() < deadline and queued([job]), job_log(job, logs)
+        time.sleep(1)
+    assert f"job {job} restart 1 on nemo[1-2]" in log, log
+    r = launch("cancel", job)
+    assert r.returncode == 0, r.stderr
+    wait_done([job])
+    print(f"slurmd of a node killed -> job failed and requeued by Slurm after {ended_s:.0f} s")
+
+
 #: Few steps, a checkpoint every 2, and an entropy bonus: the tiny model's rewards are all 0 this
 #: early, and the bonus gives every step a gradient, so the resumed runs have weights to get right.
 RESHARD = (
@@ -230,10 +299,11 @@ def _assert_continues(run, resumed, steps):
 @pytest.mark.slow
 def test_a_two_node_checkpoint_resumes_on_one_node_at_pp2_and_back(slurm_two_nodes, tiny_cache, tmp_path):
     """Job A: 2 nodes, TP=2 x DP=2, 6 steps. Job B: 1 node, 2 ranks, PP=2, resumes A's step_2 (weights
-    and AdamW state resharded) and trains to step 4. Job C: 2 nodes, PP=2 x DP=2 (megatron's rank order
-    puts each pipeline's two stages on the two nodes, as sites place pipelines), resumes B's step_4 and trains to step 6. B and C log A's
-    metrics for their steps, and the models of B's step 4 and C's step 6 give A's logits. Every
-    checkpoint's manifest covers every shard written."""
+    and AdamW state resharded) and trains to step 4. Job C: 2 nodes, PP=2 x DP=2 under the torchrun
+    launcher (megatron's rank order puts each pipeline's two stages on the two nodes, as sites place
+    pipelines), resumes B's step_4 and trains to step 6. B and C log A's metrics for their steps, and
+    the models of B's step 4 and C's step 6 give A's logits. Every checkpoint's manifest covers every
+    shard written."""
     import torch
 
     from nemo_azr.trainer.checkpoint import verify_checkpoint
@@ -254,7 +324,9 @@ def test_a_two_node_checkpoint_resumes_on_one_node_at_pp2_and_back(slurm_two_nod
 
     a, _ = run("a", 2, 2, "tp2pp1", 6)
     b, log_b = run("b", 1, 2, "tp1pp2", 4, f"trainer.resume={a}/checkpoints/step_2")
-    c, log_c = run("c", 2, 2, "tp1pp2", 6, f"trainer.resume={b}/checkpoints/step_4")
+    c, log_c = run(
+        "c", 2, 2, "tp1pp2", 6, f"trainer.resume={b}/checkpoints/step_4", "cluster.launcher=torchrun"
+    )
     assert f"resumed from {a}/checkpoints/step_2 (step 2)" in log_b
     assert f"resumed from {b}/checkpoints/step_4 (step 4)" in log_c
 

@@ -163,6 +163,13 @@ echo "$*" >> "$FAKE_DIR/scontrol.log"
 exit 0
 """
 
+FAKE_SINFO = """#!/bin/bash
+# the job's nodes that are down / not responding: $FAKE_DOWN_NODES, one per line (none when unset)
+echo "$*" >> "$FAKE_DIR/sinfo.log"
+[ -n "${FAKE_DOWN_NODES:-}" ] && tr ',' '\\n' <<< "$FAKE_DOWN_NODES"
+exit 0
+"""
+
 
 def run_script(
     capsys,
@@ -177,7 +184,7 @@ def run_script(
     script.write_text(script_of(dry_run(capsys, tmp_path, *args)))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("sinfo", FAKE_SINFO)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_DIR=str(tmp_path))
@@ -303,6 +310,17 @@ def test_preempted_job_that_slurm_requeued_is_not_requeued_again(capsys, tmp_pat
     env = {"FAKE_JOB_RECORD": RECORD + "Requeue=1 Restarts=1 BatchFlag=1"}
     rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
     assert "Slurm has requeued job 42 (preemption)" in out
+    assert "requeue 42" not in scontrol and rc == 0
+
+
+def test_a_job_slurm_requeued_after_a_node_failure_names_the_node(capsys, tmp_path):
+    """A node of the job stopped answering (its slurmd gone for SlurmdTimeout): Slurm fails the job
+    (NODE_FAIL), SIGTERMs what is left and requeues it; the trainer checkpoints (75) and the script
+    names the job's down nodes instead of calling it a preemption."""
+    env = {"FAKE_JOB_RECORD": RECORD + "Requeue=1 Restarts=1 BatchFlag=1", "FAKE_DOWN_NODES": "node2"}
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=True, signum=signal.SIGTERM, env_extra=env)
+    assert "Slurm has requeued job 42 (node failure: node2 not responding)" in out
+    assert "-n node1" in (tmp_path / "sinfo.log").read_text()  # only the job's own nodes are asked about
     assert "requeue 42" not in scontrol and rc == 0
 
 
