@@ -16,6 +16,21 @@ from nemo_azr.trainer.trainer import Trainer
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def registry_as_before():
+    """The plugin registers into the process's registry: take it out again after this module, so
+    the tests that follow see the built-in names only (their error messages list them)."""
+    import sys
+
+    from nemo_azr.registry import ADVANTAGE_ESTIMATORS
+
+    before = dict(ADVANTAGE_ESTIMATORS._entries)
+    yield
+    ADVANTAGE_ESTIMATORS._entries.clear()
+    ADVANTAGE_ESTIMATORS._entries.update(before)
+    sys.modules.pop("nemo_azr_plugin_my_estimators", None)
+
+
 @pytest.fixture(scope="module")
 def plugin_file(tmp_path_factory) -> Path:
     section = DOC.read_text().split("## Adding a component", 1)[1]
