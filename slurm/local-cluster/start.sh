@@ -162,6 +162,8 @@ for _ in $(seq 150); do
     nodes_up 2>/dev/null && break
     sleep 0.2
 done
-states=$(sinfo -h -N -p "$PARTITION" -o %T 2>/dev/null | sort -u | tr '\n' ' ')
-nodes_up 2>/dev/null || die "nodes $NODE_LIST are '${states:-unknown}', not all up (see $DIR/log/slurmd*.log)"
+if ! nodes_up 2>/dev/null; then
+    states=$(sinfo -h -N -p "$PARTITION" -o %T 2>/dev/null | sort -u | tr '\n' ' ')
+    die "nodes $NODE_LIST are '${states:-unknown}', not all up (see $DIR/log/slurmd*.log)"
+fi
 echo "export SLURM_CONF=$SLURM_CONF"

@@ -85,15 +85,20 @@ SLURMD_TIMEOUT_S = 30
 START_ENV_FILE = "test-start-env.json"  # in the state folder: the settings the cluster was started with
 
 
-def start_missing_daemons(state: Path) -> None:
-    """Run start.sh again on a running cluster: it starts the daemons that are gone (a killed slurmd)."""
-    started = subprocess.run(
+def _start(state: Path) -> subprocess.CompletedProcess:
+    """start.sh on ``state`` with the settings the cluster was (or is to be) started with."""
+    return subprocess.run(
         ["bash", str(CLUSTER_DIR / "start.sh"), str(state)],
         env=dict(os.environ, **json.loads((state / START_ENV_FILE).read_text())),
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT_S,
     )
+
+
+def start_missing_daemons(state: Path) -> None:
+    """Run start.sh again on a running cluster: it starts the daemons that are gone (a killed slurmd)."""
+    started = _start(state)
     assert started.returncode == 0, started.stderr + _tail(state / "log" / "slurmctld.log")
 
 
@@ -105,23 +110,16 @@ def _cluster(nodes: int):
     if reason:
         (pytest.fail if mode == "required" else pytest.skip)(reason)
     state = Path(tempfile.mkdtemp(prefix="nemo-azr-slurm-test-", dir="/tmp"))
-    env = dict(
-        os.environ,
+    settings = dict(
         NEMO_AZR_SLURM_PORT=str(_free_ports(nodes + 1)),
         NEMO_AZR_SLURM_NODES=str(nodes),
         NEMO_AZR_SLURM_CLEAN="1",
         NEMO_AZR_SLURM_INSTALL="1" if mode == "required" else "0",
         NEMO_AZR_SLURMD_TIMEOUT=str(SLURMD_TIMEOUT_S),
     )
-    settings = {k: v for k, v in env.items() if k.startswith("NEMO_AZR_SLURM")}
     (state / START_ENV_FILE).write_text(json.dumps(settings))
-    started = subprocess.run(
-        ["bash", str(CLUSTER_DIR / "start.sh"), str(state)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=START_TIMEOUT_S,
-    )
+    env = dict(os.environ, **settings)
+    started = _start(state)
     old_conf = os.environ.get("SLURM_CONF")
     try:
         if started.returncode == EXIT_PACKAGES_UNAVAILABLE and mode != "required":

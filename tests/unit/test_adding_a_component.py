@@ -21,14 +21,13 @@ def registry_as_before():
     """The plugin registers into the process's registry: take it out again after this module, so
     the tests that follow see the built-in names only (their error messages list them)."""
     import sys
+    from unittest import mock
 
     from nemo_azr.registry import ADVANTAGE_ESTIMATORS
 
-    before = dict(ADVANTAGE_ESTIMATORS._entries)
-    yield
-    ADVANTAGE_ESTIMATORS._entries.clear()
-    ADVANTAGE_ESTIMATORS._entries.update(before)
-    sys.modules.pop("nemo_azr_plugin_my_estimators", None)
+    with mock.patch.dict(ADVANTAGE_ESTIMATORS._entries):
+        yield
+    sys.modules.pop("nemo_azr_plugin_my_estimators", None)  # a later import registers it again
 
 
 @pytest.fixture(scope="module")
