@@ -72,6 +72,8 @@ WINDOW = 5  # steps averaged at the start and the end of a self-play run
 MIN_ACCURACY_GAIN = 0.10
 MIN_SUBTRACTION_GAIN = 0.15  # the real-model bar: subtraction must learn too, not only addition
 MAX_ACCURACY_DROP = 0.02
+MIN_AUROC = 0.6  # RLCR: the confidence tells right from wrong answers ...
+MIN_KINDS_SEPARATED = 2  # ... within at least this many question kinds (not only the kinds apart)
 
 
 def nemo_azr() -> list[str]:
@@ -335,6 +337,17 @@ def _breakdown(before: dict, after: dict) -> list[tuple[str, float | None, float
     return rows
 
 
+def _within_kind_auroc(before: dict, after: dict) -> list[tuple[str, float | None, float | None]]:
+    """(kind, AUROC before, after) for the RLCR kinds both evaluations calibrated one by one
+    (evaluations before per-kind calibration did not)."""
+    b_kinds, a_kinds = before.get("by_kind") or {}, after.get("by_kind") or {}
+    return [
+        (kind, b_kinds[kind].get("auroc"), a_kinds[kind].get("auroc"))
+        for kind in sorted(set(b_kinds) & set(a_kinds))
+        if "auroc" in a_kinds[kind]
+    ]
+
+
 def verdict(name: str, res: dict) -> list[tuple[str, str, str]]:
     """(criterion, measured, PASS/FAIL) of the issue's bar for this experiment."""
     b, a = res.get("before", {}), res.get("after", {})
@@ -366,6 +379,17 @@ def verdict(name: str, res: dict) -> list[tuple[str, str, str]]:
                 and (after < before if better == "falls" else after > before)
             )
             rows.append((f"{key.upper()} {better}", f"{_f(before)} -> {_f(after)}", "PASS" if ok else "FAIL"))
+        auroc_after = a.get("auroc")
+        rows.append(("AUROC > 0.6 after training", _f(auroc_after),
+                     "PASS" if auroc_after is not None and auroc_after > MIN_AUROC else "FAIL"))  # fmt: skip
+        within = _within_kind_auroc(b, a)
+        for kind, before, after in within:
+            rows.append((f"AUROC within {kind}", f"{_f(before)} -> {_f(after)}",
+                         "> 0.6" if after is not None and after > MIN_AUROC else ""))  # fmt: skip
+        if within:
+            above = sum(after is not None and after > MIN_AUROC for _, _, after in within)
+            rows.append((f"within-kind AUROC > 0.6 on >= {MIN_KINDS_SEPARATED} kinds", f"{above} of {len(within)}",
+                         "PASS" if above >= MIN_KINDS_SEPARATED else "FAIL"))  # fmt: skip
         drop = b["answer_accuracy"] - a["answer_accuracy"]
         rows.append(
             (

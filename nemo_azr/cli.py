@@ -117,12 +117,20 @@ def _make_tiny_model(overrides: list[str]) -> int:
 
 
 def _per_kind(result: dict) -> str:
-    """ " (addition 0.5, subtraction 0.1)" for an accuracy eval with kinds; "" otherwise (RLCR's kinds
-    carry calibration blocks, shown in metrics.json)."""
+    """ " (addition 0.5, subtraction 0.1)" for an accuracy eval with kinds, " (AUROC within a kind:
+    pair_lookup 0.62, ...)" for an RLCR eval with kinds; "" otherwise."""
     kinds = result.get("by_kind") or {}
-    if not kinds or not all(isinstance(v, dict) and "accuracy" in v for v in kinds.values()):
+    blocks = [v for v in kinds.values() if isinstance(v, dict)]
+    if not kinds or len(blocks) != len(kinds):
         return ""
-    return " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in kinds.items()) + ")"
+    if all("accuracy" in v for v in blocks):
+        return " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in kinds.items()) + ")"
+    if all("auroc" in v for v in blocks):
+        shown = ", ".join(
+            f"{k} {'n/a' if v['auroc'] is None else format(v['auroc'], '.3g')}" for k, v in kinds.items()
+        )
+        return f" (AUROC within a kind: {shown})"
+    return ""
 
 
 def _eval(overrides: list[str]) -> int:

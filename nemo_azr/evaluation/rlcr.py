@@ -51,7 +51,7 @@ def run_calibration_eval(run) -> dict[str, Any]:
             if has_conf:
                 points.append((conf, float(acc)))
                 if tally is not None and conf is not None:
-                    tally.confidences.append(float(conf))
+                    tally.points.append((float(conf), float(acc)))
 
     ev = run.cfg.eval
     parsed = [(c, y) for c, y in points if c is not None]
@@ -70,7 +70,7 @@ def run_calibration_eval(run) -> dict[str, Any]:
         "bins": bins,
     }
     if kinds:
-        result["by_kind"] = {kind: kinds[kind].summary() for kind in sorted(kinds)}
+        result["by_kind"] = {kind: kinds[kind].summary(ev.n_bins) for kind in sorted(kinds)}
     out = run.output_dir()
     write_results(out, result, records)
     title = f"{run.cfg.experiment_name}: ECE {_fmt(metrics['ece'])}, Brier {_fmt(metrics['brier'])}"
@@ -81,19 +81,26 @@ def run_calibration_eval(run) -> dict[str, Any]:
 
 @dataclass
 class KindTally:
-    """Answers and parsed confidences of one question kind: does the confidence follow the accuracy?"""
+    """Answers and parsed confidences of one question kind. A confidence that only tells the kinds
+    apart (high on lookups, low on word problems) scores well over all kinds; the per-kind AUROC and
+    ECE say whether it also tells right from wrong answers within a kind."""
 
     correct: list[float] = field(default_factory=list)
-    confidences: list[float] = field(default_factory=list)
+    points: list[tuple[float, float]] = field(default_factory=list)  # (confidence, its answer correct)
 
-    def summary(self) -> dict[str, float | int | None]:
-        def mean(values: list[float]) -> float | None:
-            return round(sum(values) / len(values), 4) if values else None
+    def summary(self, n_bins: int = 10) -> dict[str, float | int | None]:
+        def rounded(value: float) -> float | None:
+            return round(value, 4) if math.isfinite(value) else None
 
+        calib = calibration_metrics([c for c, _ in self.points], [y for _, y in self.points], n_bins=n_bins)
         return {
             "num_answers": len(self.correct),
-            "answer_accuracy": mean(self.correct),
-            "mean_confidence": mean(self.confidences),
+            "answer_accuracy": rounded(sum(self.correct) / len(self.correct)) if self.correct else None,
+            "n": calib["n"],  # parsed confidences
+            "mean_confidence": rounded(calib["mean_confidence"]),
+            "auroc": rounded(calib["auroc"]),
+            "ece": rounded(calib["ece"]),
+            "brier": rounded(calib["brier"]),
         }
 
 

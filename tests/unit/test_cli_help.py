@@ -27,3 +27,14 @@ def test_help_of_a_command_without_config_has_no_group_list(capsys):
     with pytest.raises(SystemExit):
         main(["make-tiny-model", "--help"])
     assert "config groups" not in capsys.readouterr().out
+
+
+def test_eval_summary_line_names_each_kinds_accuracy_or_within_kind_auroc():
+    from nemo_azr.cli import _per_kind
+
+    assert _per_kind({"by_kind": {"addition": {"accuracy": 0.5}, "subtraction": {"accuracy": 0.125}}}) == (
+        " (addition 0.5, subtraction 0.125)"
+    )
+    rlcr = {"by_kind": {"pair_lookup": {"auroc": 0.61234, "ece": 0.1}, "word_sub": {"auroc": None}}}
+    assert _per_kind(rlcr) == " (AUROC within a kind: pair_lookup 0.612, word_sub n/a)"
+    assert _per_kind({}) == ""

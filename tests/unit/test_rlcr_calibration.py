@@ -89,8 +89,11 @@ def test_reliability_bins_and_diagram(tmp_path):
     json.dumps(bins)  # JSON-serialisable as written by eval
 
 
-def test_calibration_eval_reports_accuracy_and_confidence_per_question_kind(tmp_path):
-    """``by_kind`` in metrics.json: per kind, its answers' accuracy and its parsed confidences' mean."""
+def test_calibration_eval_reports_calibration_within_each_question_kind(tmp_path):
+    """``by_kind`` in metrics.json: per kind, its answers' accuracy and its parsed confidences' mean,
+    AUROC, ECE and Brier. A confidence that only tells the kinds apart (0.9 on lookups, right 3 of 4
+    times; 0.1 on word problems, right 1 of 4) scores AUROC 0.75 over all answers and 0.5 within
+    each kind."""
     import json
     from types import SimpleNamespace
 
@@ -103,18 +106,17 @@ def test_calibration_eval_reports_accuracy_and_confidence_per_question_kind(tmp_
     from nemo_azr.evaluation.rlcr import run_calibration_eval
     from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, FORMAT_OK, HAS_CONFIDENCE
 
-    easy, hard = Example("q0", "easy?", "1", {"kind": "easy"}), Example("q1", "hard?", "2", {"kind": "hard"})
-    # (example, sample_type, answer right?, confidence): easy answered right twice, hard wrong twice
+    lookup = Example("q0", "lookup?", "1", {"kind": "lookup"})
+    word = Example("q1", "word?", "2", {"kind": "word"})
+    # (example, sample_type, answer right?, confidence)
+    answers = [(lookup, "answer", y, None) for y in (1.0, 1.0, 1.0, 0.0)]
+    answers += [(word, "answer", y, None) for y in (1.0, 0.0, 0.0, 0.0)]
+    confidences = [(ex, "confidence", y, 0.9 if ex is lookup else 0.1) for ex, _, y, _ in answers]
     rows = [
-        (easy, "answer", 1.0, None),
-        (easy, "answer", 1.0, None),
-        (hard, "answer", 0.0, None),
-        (hard, "answer", 0.0, None),
-        (easy, "confidence", 1.0, 0.9),
-        (easy, "confidence", 1.0, 0.7),
-        (hard, "confidence", 0.0, 0.2),
-        (hard, "confidence", 0.0, None),  # unparsed: left out of the kind's mean confidence
-    ]
+        *answers,
+        *confidences,
+        (word, "confidence", 0.0, None),
+    ]  # unparsed: left out of its kind's numbers
     n = len(rows)
     batch = Batch(
         {F.REWARDS: torch.zeros(n)},
@@ -137,10 +139,16 @@ def test_calibration_eval_reports_accuracy_and_confidence_per_question_kind(tmp_
         output_dir=lambda: tmp_path,
     )
     result = run_calibration_eval(run)
+    # Per kind by hand: lookup: ECE |0.75 - 0.9|, Brier (3 * 0.1^2 + 0.9^2) / 4; word: ECE |0.25 - 0.1|,
+    # Brier (0.9^2 + 3 * 0.1^2) / 4; every confidence of a kind is tied, so AUROC 0.5 within it.
+    expected = {"num_answers": 4, "n": 4, "auroc": 0.5, "ece": 0.15, "brier": 0.21}
     assert result["by_kind"] == {
-        "easy": {"num_answers": 2, "answer_accuracy": 1.0, "mean_confidence": 0.8},
-        "hard": {"num_answers": 2, "answer_accuracy": 0.0, "mean_confidence": 0.2},
+        "lookup": {**expected, "answer_accuracy": 0.75, "mean_confidence": 0.9},
+        "word": {**expected, "answer_accuracy": 0.25, "mean_confidence": 0.1},
     }
+    # Over all answers: 3 right at 0.9 and 1 at 0.1 against 1 wrong at 0.9 and 3 at 0.1:
+    # (3*3 + 0.5*(3*1 + 1*3)) / 16 = 0.75.
+    assert result["auroc"] == pytest.approx(0.75)
     assert json.loads((tmp_path / "metrics.json").read_text())["by_kind"] == result["by_kind"]
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     assert [s["kind"] for s in samples] == [r[0].meta["kind"] for r in rows]

@@ -1,0 +1,50 @@
+"""benchmarks/real_model.py: the RLCR bars (AUROC after training, AUROC within each question kind)."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import real_model  # noqa: E402
+
+
+def _eval(auroc, accuracy, by_kind=None):
+    out = {"ece": 0.3, "auroc": auroc, "answer_accuracy": accuracy}
+    if by_kind is not None:
+        out["by_kind"] = {kind: {"auroc": value, "answer_accuracy": 0.5} for kind, value in by_kind.items()}
+    return out
+
+
+def test_rlcr_within_kind_bar_needs_two_kinds_above_0_6():
+    before = _eval(0.5, 0.40, {"pair_lookup": 0.5, "single_lookup": 0.5, "word_sub": None})
+    after = _eval(0.83, 0.41, {"pair_lookup": 0.64, "single_lookup": 0.58, "word_sub": None})
+    rows = {criterion: (measured, mark) for criterion, measured, mark in
+            real_model.verdict("rlcr_two_turn_smollm2", {"before": before, "after": after})}  # fmt: skip
+    assert rows["AUROC > 0.6 after training"] == ("0.830", "PASS")
+    assert rows["AUROC within pair_lookup"] == ("0.500 -> 0.640", "> 0.6")
+    assert rows["AUROC within single_lookup"] == ("0.500 -> 0.580", "")
+    assert rows["AUROC within word_sub"] == ("n/a -> n/a", "")  # one class only: no AUROC
+    assert rows["within-kind AUROC > 0.6 on >= 2 kinds"] == ("1 of 3", "FAIL")
+    assert rows["accuracy falls <= 2 points"] == ("+1.0 points", "PASS")
+
+    after["by_kind"]["single_lookup"]["auroc"] = 0.61
+    rows = {
+        c: m for c, _, m in real_model.verdict("rlcr_two_turn_smollm2", {"before": before, "after": after})
+    }
+    assert rows["within-kind AUROC > 0.6 on >= 2 kinds"] == "PASS"
+
+
+def test_rlcr_evaluations_without_kinds_get_no_within_kind_rows():
+    rows = real_model.verdict(
+        "rlcr_single_turn_smollm2", {"before": _eval(0.44, 0.3), "after": _eval(0.5, 0.25)}
+    )
+    criteria = [c for c, _, _ in rows]
+    assert criteria == [
+        "ECE falls",
+        "AUROC rises",
+        "AUROC > 0.6 after training",
+        "accuracy falls <= 2 points",
+    ]
+    assert dict((c, m) for c, _, m in rows)["AUROC > 0.6 after training"] == "FAIL"
+    assert dict((c, m) for c, _, m in rows)["accuracy falls <= 2 points"] == "FAIL"
