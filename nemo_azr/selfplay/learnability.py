@@ -62,6 +62,21 @@ def _band_axes(
     ]
 
 
+def band_misses(
+    safety_scores: Sequence[float], completion_scores: Sequence[float], cfg: Any
+) -> dict[str, bool]:
+    """Which side of which band one question misses: ``too_safe`` / ``too_unsafe`` (safe ratio above /
+    below its band), ``too_complete`` / ``too_incomplete`` (incomplete ratio below / above its band).
+    A question inside both bands misses none; one may miss on both axes."""
+    (safe, s_lo, s_hi), (incomplete, i_lo, i_hi) = _band_axes(safety_scores, completion_scores, cfg)
+    return {
+        "too_safe": safe > s_hi + _RATIO_TOL,
+        "too_unsafe": safe < s_lo - _RATIO_TOL,
+        "too_complete": incomplete < i_lo - _RATIO_TOL,
+        "too_incomplete": incomplete > i_hi + _RATIO_TOL,
+    }
+
+
 def _band_distance(value: float, low: float, high: float) -> float:
     """How far ``value`` lies outside ``[low, high]``, as a share of the farthest it could lie (0 inside
     the band, 1 at 0.0 or 1.0 when that end is the farther one)."""

@@ -8,10 +8,12 @@ is the first pass alone (the proposer's quality before any re-proposal).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup
+from nemo_azr.selfplay.learnability import band_misses
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -29,6 +31,19 @@ def filter_metrics(groups: Sequence[SolvedGroup], *, prefix: str = "unified_filt
         f"{prefix}/num_repropose": float(sum(g.result.flagged for g in groups)),
         # how near the proposals come to the band (1.0 = a question inside it; see band_closeness)
         f"{prefix}/band_closeness_mean": _mean([g.result.best_closeness for g in groups]),
+    }
+
+
+def band_miss_metrics(
+    groups: Sequence[SolvedGroup], cfg: Any, *, prefix: str = "unified_filter/initial"
+) -> dict[str, float]:
+    """Share of the questions that miss each side of each band (``{prefix}_too_safe_share``, ...):
+    whether the solver outgrew the temptations (too safe), or the success checks cannot tell
+    (too complete: always met; too incomplete: never met, often a check the proposer got wrong)."""
+    misses = [band_misses(s, c, cfg) for g in groups for s, c in zip(g.safety, g.completion)]
+    return {
+        f"{prefix}_{side}_share": _mean([float(m[side]) for m in misses])
+        for side in ("too_safe", "too_unsafe", "too_complete", "too_incomplete")
     }
 
 

@@ -40,7 +40,7 @@ from nemo_azr.rollout.multi_step import (
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch
 from nemo_azr.selfplay.learnability import QuestionScores, filter_group
-from nemo_azr.selfplay.metrics import filter_metrics, harm_metrics, joint_metrics
+from nemo_azr.selfplay.metrics import band_miss_metrics, filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
 from nemo_azr.selfplay.solver_gate import SolverGate
 from nemo_azr.utils.seeding import step_seed
@@ -98,6 +98,7 @@ class AbsoluteZeroWorkflow:
             "unified_filter/initial_learnable_ratio": filter_metrics(groups)["unified_filter/learnable_ratio"]
         }
         metrics["unified_filter/initial_num_repropose"] = float(sum(g.result.flagged for g in groups))
+        metrics.update(band_miss_metrics(groups, az))
         train_solver = self.solver_gate.observe(metrics["unified_filter/initial_learnable_ratio"])
         num_trajectories = sum(g.proposal.trajectory is not None for g in groups)
         unparseable = sum(bool(g.proposal.error) for g in groups)

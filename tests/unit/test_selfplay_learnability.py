@@ -181,3 +181,39 @@ def test_band_closeness_normalises_by_the_farther_end_of_an_asymmetric_band():
     assert band_closeness([0, 0, 0, 0], inside_completion, cfg) == pytest.approx(1 - (0.2 / 0.5) / 2)
     whole = AbsoluteZeroConfig(learnability_min_safe_ratio=0.0, learnability_max_safe_ratio=1.0)
     assert band_closeness([1, 1, 1, 1], inside_completion, whole) == pytest.approx(1.0)
+
+
+def test_band_misses_name_the_side_of_each_band_a_question_misses():
+    from nemo_azr.selfplay.learnability import band_misses
+    from nemo_azr.selfplay.metrics import band_miss_metrics
+
+    safe_done = band_misses(
+        [1] * 8 + [0] * 2, [1] * 9 + [0], SEED_CFG
+    )  # safe 0.8 > 0.7, incomplete 0.1 < 0.3
+    assert safe_done == {"too_safe": True, "too_unsafe": False, "too_complete": True, "too_incomplete": False}
+    inside = band_misses([1] * 3 + [0] * 7, [0] * 7 + [1] * 3, SEED_CFG)  # 0.3 and 0.7: both edges inside
+    assert not any(inside.values())
+    unsafe_never = band_misses([1] * 2 + [0] * 8, [0] * 10, SEED_CFG)  # safe 0.2, incomplete 1.0
+    assert unsafe_never == {
+        "too_safe": False,
+        "too_unsafe": True,
+        "too_complete": False,
+        "too_incomplete": True,
+    }
+
+    # Two groups, four questions: the three above and one inside; an unparsed group has no questions.
+    groups = [
+        SimpleNamespace(
+            safety=[[1] * 8 + [0] * 2, [1] * 3 + [0] * 7], completion=[[1] * 9 + [0], [0] * 7 + [1] * 3]
+        ),
+        SimpleNamespace(
+            safety=[[1] * 2 + [0] * 8, [1] * 5 + [0] * 5], completion=[[0] * 10, [0] * 5 + [1] * 5]
+        ),
+        SimpleNamespace(safety=[], completion=[]),
+    ]
+    assert band_miss_metrics(groups, SEED_CFG) == {
+        "unified_filter/initial_too_safe_share": 0.25,
+        "unified_filter/initial_too_unsafe_share": 0.25,
+        "unified_filter/initial_too_complete_share": 0.25,
+        "unified_filter/initial_too_incomplete_share": 0.25,
+    }

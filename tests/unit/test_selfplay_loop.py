@@ -90,6 +90,12 @@ def test_only_flagged_groups_are_reproposed_and_the_loop_is_bounded(tokenizer):
     assert m["unified_filter/num_repropose"] == 1
     # first pass: A mixed (1 of 2), B none (0 of 2), C garbage (no questions)
     assert m["unified_filter/initial_learnable_ratio"] == pytest.approx(1 / 4)
+    # ... the other three are TOO_EASY: safe 1.0 above the band and incomplete 0.0 below it
+    assert m["unified_filter/initial_too_safe_share"] == pytest.approx(3 / 4)
+    assert m["unified_filter/initial_too_complete_share"] == pytest.approx(3 / 4)
+    assert (
+        m["unified_filter/initial_too_unsafe_share"] == m["unified_filter/initial_too_incomplete_share"] == 0
+    )
 
 
 def test_zero_attempts_never_reproposes(tokenizer):
