@@ -60,6 +60,10 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         0 <= az.solver_gate_decay < 1,
         f"absolute_zero.solver_gate_decay must be in [0, 1), got {az.solver_gate_decay}",
     )
+    require(
+        az.solver_gate_max_consecutive >= 0,
+        f"absolute_zero.solver_gate_max_consecutive must be >= 0 (0 = no cap), got {az.solver_gate_max_consecutive}",
+    )
     require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
     require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
     require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")

@@ -21,11 +21,17 @@ from typing import Any
 class SolverGate:
     """``threshold`` 0 = off (the seeds' joint update: the solver trains every step).
 
-    ``decay`` weighs the past in the exponential moving average (0 = this step's ratio alone)."""
+    ``decay`` weighs the past in the exponential moving average (0 = this step's ratio alone).
+    ``max_consecutive`` > 0 caps the solver's run of trained steps: after that many in a row the next
+    step trains the proposer alone, whatever the average says. The average lags the band, so without
+    a cap the solver can train several steps past the point where its questions stop teaching it
+    (docs/selfplay.md, run 11: six solver steps in eight emptied the band)."""
 
     threshold: float = 0.0
     decay: float = 0.7
+    max_consecutive: int = 0  # 0 = no cap
     average: float | None = None  # None until the first step
+    consecutive: int = 0  # solver-trained steps in a row up to the last one
 
     @property
     def enabled(self) -> bool:
@@ -36,11 +42,17 @@ class SolverGate:
         train this step (always, when the gate is off)."""
         ratio = float(first_pass_ratio)
         self.average = ratio if self.average is None else self.decay * self.average + (1 - self.decay) * ratio
-        return not self.enabled or self.average >= self.threshold
+        if not self.enabled:
+            return True
+        capped = 0 < self.max_consecutive <= self.consecutive
+        train = self.average >= self.threshold and not capped
+        self.consecutive = self.consecutive + 1 if train else 0
+        return train
 
     def state_dict(self) -> dict[str, Any]:
-        return {"average": self.average}
+        return {"average": self.average, "consecutive": self.consecutive}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         average = state.get("average")
         self.average = None if average is None else float(average)
+        self.consecutive = int(state.get("consecutive", 0))  # checkpoints before the cap lack it

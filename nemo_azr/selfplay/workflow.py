@@ -73,7 +73,11 @@ class AbsoluteZeroWorkflow:
             "solver": self.az.solver_advantage_scale,
             "proposer": self.az.proposer_advantage_scale,
         }
-        self.solver_gate = SolverGate(self.az.solver_gate_learnable_ratio, self.az.solver_gate_decay)
+        self.solver_gate = SolverGate(
+            self.az.solver_gate_learnable_ratio,
+            self.az.solver_gate_decay,
+            self.az.solver_gate_max_consecutive,
+        )
         self._judge: LLMJudge | None = None
         self._judge_metrics: dict[str, float] = {}
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)

@@ -376,3 +376,22 @@ def test_solver_gate_state_survives_a_restart(tokenizer):
         assert resumed.info["metrics"][key] == whole[2].info["metrics"][key]
     assert resumed.info["metrics"]["solver_gate/learnable_ratio_avg"] == pytest.approx(0.65)
     assert resumed.info["metrics"]["solver_gate/solver_trained"] == 1.0
+
+
+def test_solver_gate_caps_the_solver_steps_in_a_row():
+    from nemo_azr.selfplay.solver_gate import SolverGate
+
+    # decay 0: the average is the step's own ratio; every ratio is above the threshold
+    capped = SolverGate(threshold=0.1, decay=0.0, max_consecutive=2)
+    assert [capped.observe(0.5) for _ in range(7)] == [True, True, False, True, True, False, True]
+    # a low step resets the run: two more may follow it
+    capped = SolverGate(threshold=0.1, decay=0.0, max_consecutive=2)
+    assert [capped.observe(r) for r in (0.5, 0.0, 0.5, 0.5, 0.5)] == [True, False, True, True, False]
+    uncapped = SolverGate(threshold=0.1, decay=0.0)
+    assert all(uncapped.observe(0.5) for _ in range(7))
+    # the run length survives a restart; checkpoints written before the cap have none
+    restored = SolverGate(threshold=0.1, decay=0.0, max_consecutive=2)
+    restored.load_state_dict({"average": 0.5, "consecutive": 2})
+    assert restored.observe(0.5) is False
+    restored.load_state_dict({"average": 0.5})
+    assert restored.consecutive == 0 and restored.observe(0.5) is True
