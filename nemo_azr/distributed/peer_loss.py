@@ -43,6 +43,9 @@ __all__ = [
 _KEY = "nemo_azr/heartbeat/{rank}"
 _NODE_KEY = "nemo_azr/node/{rank}"
 _DONE_KEY = "nemo_azr/peer_check_done"
+#: Set by each rank as it starts its check: a survivor that has checked and exited stops beating, and
+#: must not be taken for lost by a slower survivor whose check begins after that.
+_SURVIVOR_KEY = "nemo_azr/survivor/{rank}"
 #: What gloo and NCCL say when a peer is gone or silent (torch raises them as RuntimeError or
 #: DistBackendError, whose text is all there is to go on).
 _PEER_FAILURE = re.compile(
@@ -122,11 +125,15 @@ class Heartbeat:
         return [self.store.add(_KEY.format(rank=r), 0) for r in range(self.world)]
 
     def lost_ranks(self) -> list[int]:
-        """Ranks whose counters stood still for :data:`PEER_CHECK_INTERVALS` intervals."""
+        """Ranks whose counters stood still for :data:`PEER_CHECK_INTERVALS` intervals and that
+        never started a check of their own (one that did saw the failure too: it is a survivor,
+        perhaps one that has exited since)."""
+        self.store.set(_SURVIVOR_KEY.format(rank=self.rank), "1")
         before = self.counters()
         time.sleep(PEER_CHECK_INTERVALS * self.interval_s)
         after = self.counters()
-        return [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
+        still = [r for r in range(self.world) if r != self.rank and after[r] == before[r]]
+        return [r for r in still if not self.store.check([_SURVIVOR_KEY.format(rank=r)])]
 
     def done_checking(self, survivors: list[int]) -> None:
         """Count this rank's check as done; rank 0, whose process hosts the store when srun starts

@@ -1,6 +1,7 @@
 """One rank of test_peer_loss.py: all-reduces in a loop; the rank named by PEER_LOSS_VICTIM dies
 (``kill``) or stops as a whole (``hang``, SIGSTOP) before step 3; the survivors print what
-:func:`peer_lost_error` makes of their failed collective as one JSON line.
+:func:`peer_lost_error` makes of their failed collective as one JSON line. PEER_LOSS_LATE_RANK (with
+PEER_LOSS_LATE_S) names a survivor that starts its check late.
 
     MASTER_ADDR=... MASTER_PORT=... WORLD_SIZE=3 RANK=r python peer_loss_worker.py
 """
@@ -11,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -33,6 +35,9 @@ def main() -> int:
         try:
             dist.all_reduce(t)
         except RuntimeError as exc:
+            if rank == int(os.environ.get("PEER_LOSS_LATE_RANK", "-1")):
+                # this survivor's check starts after the others' have ended and they have exited
+                time.sleep(float(os.environ["PEER_LOSS_LATE_S"]))
             lost = peer_lost_error(exc, step=step, checkpoint="/ckpt/step_2")
             print(
                 json.dumps({"rank": rank, "message": str(lost), "report": lost and lost.report}), flush=True

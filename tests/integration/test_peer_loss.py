@@ -34,7 +34,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(how: str) -> dict[int, dict]:
+def _run(how: str, **extra_env: str) -> dict[int, dict]:
     port = _free_port()
     procs = {}
     for rank, node in NODES.items():
@@ -50,6 +50,7 @@ def _run(how: str) -> dict[int, dict]:
             PEER_LOSS_TIMEOUT_S=str(TIMEOUT_S),
             OMP_NUM_THREADS="1",
             PYTHONPATH=str(REPO),
+            **extra_env,
         )
         procs[rank] = subprocess.Popen(
             [sys.executable, str(WORKER)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -78,6 +79,15 @@ def test_survivors_name_the_lost_rank_and_its_node_once(how):
         # a hang is found by the collective's own timeout, a killed peer by its closed connection
         assert ("Timed out" in message) == (how == "hang"), message
     assert out[0]["report"] is True and out[1]["report"] is False  # the job says it once
+
+
+def test_a_survivor_that_checked_and_exited_is_not_taken_for_lost():
+    """Rank 1 checks at once and exits (its beat stops); rank 0 starts its check only after that. Rank 1
+    stood still during rank 0's check, but it had seen the failure itself: only rank 2 is lost."""
+    late_s = PEER_CHECK_INTERVALS * heartbeat_interval(TIMEOUT_S) + 3
+    out = _run("kill", PEER_LOSS_LATE_RANK="0", PEER_LOSS_LATE_S=str(late_s))
+    for rank in (0, 1):
+        assert out[rank]["message"].startswith("lost rank 2 on nodeB at step 3: "), out[rank]["message"]
 
 
 def test_peer_failures_are_told_from_other_errors():

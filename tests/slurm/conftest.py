@@ -102,6 +102,10 @@ def start_missing_daemons(state: Path) -> None:
     assert started.returncode == 0, started.stderr + _tail(state / "log" / "slurmctld.log")
 
 
+#: the state folders of the clusters these tests started and are running now
+_active: list[Path] = []
+
+
 def _cluster(nodes: int):
     """Start a cluster of ``nodes`` nodes; yields its state folder (``SLURM_CONF`` is set meanwhile)."""
     mode = slurm_tests_mode()
@@ -126,8 +130,11 @@ def _cluster(nodes: int):
             pytest.skip(f"Slurm packages unavailable: {started.stderr.strip()}")
         assert started.returncode == 0, started.stderr + _tail(state / "log" / "slurmctld.log")
         os.environ["SLURM_CONF"] = str(state / "slurm.conf")  # sbatch & co. here, and inside the jobs
+        _active.append(state)
         yield state
     finally:
+        if state in _active:
+            _active.remove(state)
         subprocess.run(
             ["bash", str(CLUSTER_DIR / "stop.sh"), str(state)], env=env, capture_output=True, timeout=120
         )
@@ -152,3 +159,15 @@ def slurm_two_nodes():
 
 def _tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test():
+    """A job a test leaves queued (it failed or timed out) is cancelled before the next test, which
+    would otherwise wait behind it for the nodes and fail for a reason not its own."""
+    yield
+    # only on a cluster these tests started: never a SLURM_CONF the user had set (a real cluster)
+    if _active and os.environ.get("SLURM_CONF") == str(_active[-1] / "slurm.conf"):
+        from tests.slurm.jobs import cancel_all
+
+        cancel_all()

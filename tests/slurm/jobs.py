@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_TIMEOUT_S = 300
+JOB_TIMEOUT_S = 600  # a 2-node job on a loaded 2-core machine: its requeue and 30 steps take minutes
 CLI_TIMEOUT_S = 120
 _SUBMITTED = re.compile(r"^submitted (?:job|chain of \d+|array of \d+): ([\d ]+); logs in (\S+)$", re.M)
 
@@ -47,11 +47,45 @@ def queued(job_ids: list[str]) -> list[str]:
 
 
 def wait_done(job_ids: list[str], timeout: float = JOB_TIMEOUT_S) -> None:
-    """Until none of the jobs is pending or running (a requeued job stays queued meanwhile)."""
+    """Until none of the jobs is pending or running (a requeued job stays queued meanwhile). On a
+    timeout the message says what each job is doing (state, reason, restarts, its output's last
+    lines), so a slow machine and a stuck job read differently."""
     deadline = time.monotonic() + timeout
     while queued(job_ids):
-        assert time.monotonic() < deadline, f"jobs {job_ids} still queued after {timeout} s"
+        assert time.monotonic() < deadline, f"jobs {job_ids} still queued after {timeout} s\n" + describe(
+            job_ids
+        )
         time.sleep(1)
+
+
+def describe(job_ids: list[str], lines: int = 40) -> str:
+    """``scontrol show job`` (state, reason, restart count) and the tail of each job's output."""
+    parts = []
+    for job in job_ids:
+        show = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        fields = dict(re.findall(r"\b(JobState|Reason|Restarts|RunTime|StdOut|NodeList)=(\S+)", show))
+        parts.append(f"job {job}: {fields}")
+        out = Path(fields.get("StdOut", ""))
+        if out.is_file():
+            parts += out.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(parts)
+
+
+def cancel_all(timeout: float = 60) -> list[str]:
+    """Cancel every job still queued and wait until it has left the queue; returns their ids. The
+    test clusters are private to the tests, so a job a failed test left behind is never anyone's."""
+    left = queued_all()
+    if left:
+        subprocess.run(["scancel", *left], capture_output=True, text=True)
+        deadline = time.monotonic() + timeout
+        while queued_all() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    return left
+
+
+def queued_all() -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, check=True).stdout
+    return out.split()
 
 
 def states(job_ids: list[str], log_dir: Path) -> dict[str, tuple[str, str]]:
@@ -89,8 +123,14 @@ def wait_for_steps(metrics: Path, job: str, log_dir: Path, steps: int = 3) -> No
     """Until the job has logged ``steps`` training steps (it is then inside fit())."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while metric_lines(metrics) < steps:
-        assert time.monotonic() < deadline and queued([job]), job_log(job, log_dir)
+        assert time.monotonic() < deadline and queued([job]), log_or_state(job, log_dir)
         time.sleep(0.2)
+
+
+def log_or_state(job: str, log_dir: Path) -> str:
+    """The job's output, or (when it has none yet: still pending) what Slurm says about it."""
+    r = launch("logs", job, "--log-dir", str(log_dir))
+    return r.stdout if r.returncode == 0 else f"{r.stderr.strip()}\n{describe([job])}"
 
 
 def squeue_states(job_ids: list[str]) -> dict[str, str]:
