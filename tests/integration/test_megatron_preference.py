@@ -79,7 +79,7 @@ def _assert_same(got: list[dict], want: list[dict], loss: str = "dpo") -> None:
             if loss == "kto" and g["step"] == 1 and key == "preference/reward_accuracy":
                 continue  # at the reference every log-ratio is 0 up to rounding: its side is noise
             # relative too: IPO's squared loss is ~6 here, and the two backends' fp32 sums, in
-            # different orders, differ by 2e-5 on an AVX2 CPU (a few ulp of each log-prob, squared)
+            # different orders, differ by 2e-5 on an AMD EPYC (a few ulp of each log-prob, squared)
             assert g[key] == pytest.approx(w[key], rel=1e-5, abs=ATOL), (g["step"], key)
         assert g["preference/grad_norm"] == pytest.approx(w["preference/grad_norm"], rel=1e-4)
         if loss == "kto":  # every pair's two rows, trained unpaired
