@@ -127,3 +127,23 @@ class RewardScorer(Protocol):
     def score(self, messages: Sequence[list[dict]], replies: Sequence[str]) -> torch.Tensor: ...
 
     def token_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class PairwiseRewardModelTrainer(Protocol):
+    """A backend that trains a reward model on preference pairs (``nemo-azr train-rm``).
+
+    Rows are ``(chosen_ids, rejected_ids)`` token lists (prompt through the chat template, then the
+    reply). ``pair_step(rows)``: one optimizer step of the Bradley-Terry loss over the pairs ->
+    (mean loss, share ranked right, grad norm before clipping). ``pair_scores(rows)``: no-grad
+    (chosen, rejected) scores ``[P]``. ``write(folder, tokenizer)``: the model as a transformers
+    ``AutoModelForSequenceClassification`` folder (collective on a multi-process backend).
+    """
+
+    def pair_step(self, rows: Sequence[tuple[list[int], list[int]]]) -> tuple[float, float, float]: ...
+
+    def pair_scores(
+        self, rows: Sequence[tuple[list[int], list[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def write(self, folder: Any, tokenizer: Any) -> None: ...

@@ -2,7 +2,9 @@
 
 The base is ``model.path`` (the tiny model, a preset or an HF folder) with a fresh one-label
 classification head (``AutoModelForSequenceClassification``); the loss is Bradley-Terry over the
-pairs (``rewards/reward_model.py``). Pairs come as the preference runs read them: a JSONL file
+pairs (``rewards/reward_model.py``). ``model.backend`` picks who trains it: ``hf`` in one process
+(``models/hf/reward_model.py``) or ``megatron`` at any TP / PP / DP layout under torchrun
+(``models/megatron/reward_model.py``); both write the same kind of folder. Pairs come as the preference runs read them: a JSONL file
 (``preference.pairs_path``; the last ``reward_model.heldout_pairs`` after a seeded shuffle are held
 out) or generated from the arithmetic task (training problems to train on, the held-out split's
 problems to measure on). Held-out loss and accuracy are logged every ``reward_model.eval_every``
@@ -14,8 +16,8 @@ base rather than resuming.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import os
 import random
 import shutil
 import time
@@ -25,16 +27,13 @@ from pathlib import Path
 import torch
 
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.contracts.capabilities import PairwiseRewardModelTrainer
 from nemo_azr.contracts.task import Example, Task
+from nemo_azr.distributed.parallel import global_rank
 from nemo_azr.errors import DataError
 from nemo_azr.models.tiny import resolve_model_path
 from nemo_azr.models.tokenizer_build import load_tokenizer
-from nemo_azr.rewards.reward_model import (
-    bradley_terry_loss,
-    last_token_scores,
-    reward_model_input,
-    right_padded,
-)
+from nemo_azr.rewards.reward_model import bradley_terry_loss, reward_model_input
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.preference_data import PreferencePair, arithmetic_pairs, load_pairs_jsonl
 from nemo_azr.utils.seeding import seed_everything
@@ -85,43 +84,30 @@ def _encode(pairs: list[PreferencePair], tokenizer, task: Task | None) -> list[t
     return out
 
 
-def _scores(model, rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) scores of ``rows``, both in one forward (differentiable)."""
-    ids, mask = right_padded([c for c, _ in rows] + [r for _, r in rows], pad_id)
-    scores = last_token_scores(model, ids, mask)
-    return scores[: len(rows)], scores[len(rows) :]
-
-
 @torch.no_grad()
-def _evaluate(model, rows, pad_id: int, batch: int) -> tuple[float, float]:
-    model.eval()
+def _evaluate(model: PairwiseRewardModelTrainer, rows, batch: int) -> tuple[float, float]:
     chosen, rejected = [], []
     for start in range(0, len(rows), batch):
-        c, r = _scores(model, rows[start : start + batch], pad_id)
+        c, r = model.pair_scores(rows[start : start + batch])
         chosen.append(c)
         rejected.append(r)
-    model.train()
     loss, acc = bradley_terry_loss(torch.cat(chosen), torch.cat(rejected))
     return float(loss), float(acc)
 
 
-@contextlib.contextmanager
-def _quiet_transformers():
-    from transformers.utils import logging as hf_logging
+def _build(cfg: NemoAzrConfig, base: Path, pad_id: int) -> PairwiseRewardModelTrainer:
+    """The trainer of ``model.backend``: hf (one process) or megatron (any TP / PP / DP layout)."""
+    if cfg.model.backend == "megatron":
+        from nemo_azr.models.megatron.reward_model import MegatronRewardModelTrainer
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
+        return MegatronRewardModelTrainer(base, cfg, pad_id)
+    from nemo_azr.models.hf.reward_model import HFRewardModelTrainer
+
+    return HFRewardModelTrainer(base, cfg, pad_id)
 
 
 def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[str, float]:
     """Train, write ``<out>`` (model, tokenizer, ``rm_metrics.json``, ``metrics.jsonl``); return the final metrics."""
-    from transformers import AutoModelForSequenceClassification
-
-    rm = cfg.reward_model
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
     seed_everything(cfg.seed)
@@ -130,24 +116,44 @@ def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[s
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train_pairs, held_out_pairs, task = _pair_sets(cfg)
     train_rows, held_rows = _encode(train_pairs, tokenizer, task), _encode(held_out_pairs, tokenizer, task)
-    with _quiet_transformers():  # its load report lists the new head as missing weights: expected here
-        model = AutoModelForSequenceClassification.from_pretrained(
-            base, num_labels=1, dtype=torch.float32, local_files_only=True
-        )
-    progress(f"train-rm: {base} with a new one-label head")
-    model.config.pad_token_id = pad_id
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=rm.train_lr, weight_decay=0.0)
+    model = _build(cfg, base, pad_id)
+    return _train(cfg, model, tokenizer, train_rows, held_rows, progress if global_rank() == 0 else _silent)
 
+
+def _silent(_message: str) -> None:
+    pass
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _train(
+    cfg: NemoAzrConfig,
+    model: PairwiseRewardModelTrainer,
+    tokenizer,
+    train_rows: list[tuple[list[int], list[int]]],
+    held_rows: list[tuple[list[int], list[int]]],
+    progress: Progress,
+) -> dict[str, float]:
+    """The training loop; every rank runs it, global rank 0 alone writes files."""
+    rm = cfg.reward_model
+    writer = global_rank() == 0
+    progress(f"train-rm: {cfg.model.path} ({cfg.model.backend}) with a new one-label head")
     out = reward_model_output_dir(cfg)
     tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    log = (tmp / "metrics.jsonl").open("w")
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier()  # the folder exists on every rank before any rank writes into it
+    log = (tmp / "metrics.jsonl").open("w") if writer else open(os.devnull, "w")  # noqa: SIM115
     batch = rm.train_pairs_per_step
     order: list[int] = []
     rng = random.Random(cfg.seed)
-    loss0, acc0 = _evaluate(model, held_rows, pad_id, 2 * batch)
+    loss0, acc0 = _evaluate(model, held_rows, 2 * batch)
     record = {"step": 0, "heldout/loss": loss0, "heldout/accuracy": acc0}
     log.write(json.dumps(record) + "\n")
     progress(
@@ -160,24 +166,12 @@ def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[s
             rng.shuffle(more)
             order += more
         picked, order = order[:batch], order[batch:]
-        chosen, rejected = _scores(model, [train_rows[i] for i in picked], pad_id)
-        loss, acc = bradley_terry_loss(chosen, rejected)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or 1.0))
-        optimizer.step()
-        record = {
-            "step": step,
-            "train/loss": float(loss.detach()),
-            "train/accuracy": float(acc),
-            "train/grad_norm": grad_norm,
-        }
+        loss, acc, grad_norm = model.pair_step([train_rows[i] for i in picked])
+        record = {"step": step, "train/loss": loss, "train/accuracy": acc, "train/grad_norm": grad_norm}
         if step % rm.eval_every == 0 or step == rm.train_steps:
-            record["heldout/loss"], record["heldout/accuracy"] = _evaluate(
-                model, held_rows, pad_id, 2 * batch
-            )
+            record["heldout/loss"], record["heldout/accuracy"] = _evaluate(model, held_rows, 2 * batch)
             progress(
-                f"train-rm: step {step}/{rm.train_steps}, train loss {float(loss.detach()):.3f}, held-out loss "
+                f"train-rm: step {step}/{rm.train_steps}, train loss {loss:.3f}, held-out loss "
                 f"{record['heldout/loss']:.3f}, accuracy {record['heldout/accuracy']:.3f}, "
                 f"{time.perf_counter() - start:.0f} s"
             )
@@ -193,10 +187,11 @@ def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[s
         "heldout_pairs": float(len(held_rows)),
         "steps": float(rm.train_steps),
     }
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "rm_metrics.json").write_text(json.dumps(final, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    model.write(tmp, tokenizer)  # collective on megatron
+    if writer:
+        (tmp / "rm_metrics.json").write_text(json.dumps(final, indent=2) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    _barrier()
     progress(f"train-rm: wrote {out} (held-out accuracy {acc0:.3f} -> {final['heldout/accuracy']:.3f})")
     return final
