@@ -200,6 +200,14 @@ def _train_rm(overrides: list[str]) -> int:
     return 0
 
 
+def _sample_pairs(overrides: list[str]) -> int:
+    from nemo_azr.preflight import load_config
+    from nemo_azr.trainer.pair_sampling import sample_pairs
+
+    sample_pairs(load_config(overrides), progress=lambda m: print(m, flush=True))
+    return 0
+
+
 CONVERT_USAGE = (
     "usage: nemo-azr convert {hf-to-megatron,megatron-to-hf} SRC OUT [overrides...] "
     "(overrides pick the layout, e.g. parallel=tp2pp1 under torchrun)"
@@ -265,6 +273,10 @@ COMMANDS = {
         _train_rm,
         "train a reward model on preference pairs (Bradley-Terry; held-out accuracy) for reward_model.path",
     ),
+    "sample-pairs": (
+        _sample_pairs,
+        "preference pairs from the policy's own replies ranked by the task's rule (JSONL for train-rm / DPO)",
+    ),
     "plot-selfplay": (
         _plot_selfplay,
         "plot learnable ratio and proposer reward of a self-play run (<output_dir>/selfplay.png)",
@@ -286,6 +298,7 @@ TAKES_CONFIG = (
     "train",
     "eval",
     "train-rm",
+    "sample-pairs",
     "show-config",
     "plot-selfplay",
 )  # commands whose overrides compose the config

@@ -562,6 +562,12 @@ class PreferenceConfig:
     pairs_path: str = ""  # JSONL {prompt, chosen, rejected[, id]}; "": generated (data.task=arithmetic)
     unpaired_path: str = ""  # kto: JSONL {prompt, completion, label[, id]} instead of pairs
     pair_style: str = "bare"  # generated pairs' replies: bare ("27") | equation ("48 - 21 = 27")
+    # nemo-azr sample-pairs: pairs from the policy's own replies ranked by the task's rule reward
+    sample_checkpoint: str = (
+        "model"  # the sampling model: model (model.path) | auto (newest checkpoint) | a path
+    )
+    sample_prompts: int = 512  # training problems sampled (a seeded draw), generation.n_samples replies each
+    sample_out: str = ""  # the pairs JSONL; "": <trainer.output_dir>/sampled_pairs.jsonl
 
 
 @dataclass
