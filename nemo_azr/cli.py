@@ -201,8 +201,8 @@ def _train_rm(overrides: list[str]) -> int:
 
 
 def _sample_pairs(overrides: list[str]) -> int:
+    from nemo_azr.evaluation.pair_sampling import sample_pairs
     from nemo_azr.preflight import load_config
-    from nemo_azr.trainer.pair_sampling import sample_pairs
 
     sample_pairs(load_config(overrides), progress=lambda m: print(m, flush=True))
     return 0

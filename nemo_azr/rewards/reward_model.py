@@ -6,9 +6,9 @@ template presents it, then the reply, and its logit at the reply's last token is
 same encoding (:func:`reward_model_input`) is used to train it and to score rollouts with it, so
 the training and the RL prompts match token for token.
 
-The Bradley-Terry loss a reward model is trained with on pairs (Ouyang et al. 2022, eq. 1):
-``-log sigmoid(r(x, y_w) - r(x, y_l))``, averaged over pairs; its accuracy is the share of pairs
-whose chosen reply scores higher.
+The Bradley-Terry loss it is trained with lives in ``algorithms/bradley_terry.py`` and the
+position-read head in ``models/hf/sequence_scores.py`` (both re-exported here), so the trainers of
+both backends (``models/``) share them with this scorer.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from nemo_azr.algorithms.bradley_terry import bradley_terry_loss
 from nemo_azr.errors import ConfigError
+from nemo_azr.models.hf.sequence_scores import every_token_scores, last_token_scores, right_padded
 from nemo_azr.rollout.single_turn import encode_prompt
 
 __all__ = ["RewardModel", "bradley_terry_loss", "every_token_scores", "reward_model_input", "right_padded"]
@@ -27,65 +28,11 @@ __all__ = ["RewardModel", "bradley_terry_loss", "every_token_scores", "reward_mo
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mean ``-log sigmoid(chosen - rejected)``, share of pairs with ``chosen > rejected``) over pairs."""
-    if chosen.shape != rejected.shape or chosen.dim() != 1:
-        raise ValueError(
-            f"Bradley-Terry loss: one score per pair each, got {tuple(chosen.shape)} and {tuple(rejected.shape)}"
-        )
-    loss = -F.logsigmoid(chosen - rejected).mean()
-    return loss, (chosen.detach() > rejected.detach()).float().mean()
-
-
 def reward_model_input(tokenizer, messages: list[dict], reply: str) -> list[int]:
     """The prompt through the chat template (ending with the assistant header), then the reply's
     tokens. No end-of-turn token: the score is read at the reply's last token, which is then the
     last real token whatever the tokenizer pads with."""
     return [*encode_prompt(tokenizer, messages), *tokenizer(reply, add_special_tokens=False)["input_ids"]]
-
-
-def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) ``[B, max_len]``, each row from position 0 (default positions hold)."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-        mask[i, : len(row)] = 1
-    return ids, mask
-
-
-def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """One score per row: the classification head's logit at the row's last real token.
-
-    Read here rather than from the model's own pooling, which finds the last token by the pad id
-    (a reply token equal to it would move the read position); the head is the model's, so a folder
-    from any library scores the same."""
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask)
-    hidden = out.last_hidden_state
-    last = attention_mask.sum(-1) - 1
-    picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
-    return _head(model)(picked).squeeze(-1).float()
-
-
-def every_token_scores(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-) -> torch.Tensor:
-    """``[B, T]``: the head's logit at every position, each the score of the sequence up to and
-    including that token (what the head reads at a reply's last token, read everywhere)."""
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    return _head(model)(out.last_hidden_state).squeeze(-1).float()
-
-
-def _head(model) -> torch.nn.Module:
-    for name in ("score", "classifier"):  # transformers' names for the sequence-classification head
-        head = getattr(model, name, None)
-        if isinstance(head, torch.nn.Linear):
-            return head
-    raise ConfigError(
-        f"reward model {type(model).__name__}: no linear 'score' / 'classifier' head; a reward model is an "
-        "AutoModelForSequenceClassification with num_labels=1"
-    )
 
 
 class RewardModel:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from nemo_azr.algorithms.bradley_terry import bradley_terry_loss
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.capabilities import PairwiseRewardModelTrainer
 from nemo_azr.contracts.task import Example, Task
@@ -33,7 +34,7 @@ from nemo_azr.distributed.parallel import global_rank
 from nemo_azr.errors import DataError
 from nemo_azr.models.tiny import resolve_model_path
 from nemo_azr.models.tokenizer_build import load_tokenizer
-from nemo_azr.rewards.reward_model import bradley_terry_loss, reward_model_input
+from nemo_azr.rewards.reward_model import reward_model_input
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.preference_data import PreferencePair, arithmetic_pairs, load_pairs_jsonl
 from nemo_azr.utils.seeding import seed_everything

@@ -10,10 +10,11 @@ from typing import Any
 
 import torch
 
+from nemo_azr.algorithms.bradley_terry import bradley_terry_loss
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.models.hf.sequence_scores import last_token_scores, right_padded
 from nemo_azr.models.training.optim import build_optimizer
 from nemo_azr.models.training.reward_head import init_score_head_, reward_model_optim
-from nemo_azr.rewards.reward_model import bradley_terry_loss, last_token_scores, right_padded
 
 __all__ = ["HFRewardModelTrainer"]
 

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nemo_azr.algorithms.bradley_terry import bradley_terry_loss
 from nemo_azr.config.schema import NemoAzrConfig, OptimConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
@@ -38,7 +39,6 @@ from nemo_azr.models.megatron.logprobs import VALUE_HEAD, megatron_token_values,
 from nemo_azr.models.megatron.policy import MegatronPolicy
 from nemo_azr.models.megatron.preference import pair_major_order
 from nemo_azr.models.training.reward_head import init_score_head_, reward_model_optim
-from nemo_azr.rewards.reward_model import bradley_terry_loss
 
 __all__ = ["MegatronRewardModelTrainer", "check_megatron_reward_model", "pair_micro_batch"]
 
