@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Read an RLCR evaluation's samples by question kind and, for table lookups, by the asked row.
+
+A two-turn RLCR model separates right from wrong answers within a kind only if something it can see
+tells them apart. On the synthetic_qa lookups that something is the asked row: SmolLM2 answers the
+last-listed value, so it is right on the last row and wrong on the others (docs/real_model.md). This
+prints, for each evaluation folder (``nemo-azr eval`` output: ``samples.jsonl`` and ``metrics.json``),
+per kind: answers, accuracy, within-kind AUROC, mean confidence of right and wrong answers; and per
+lookup kind and asked row: answers, right, mean confidence.
+
+    .venv/bin/python benchmarks/rlcr_rows.py outputs/real_model/rlcr_two_turn_smollm2/eval_before \\
+        outputs/real_model/rlcr_two_turn_smollm2/eval_after
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+LOOKUPS = ("single_lookup", "pair_lookup", "table_lookup")
+# "Ages: Dina 17, Fay 96. What is the age of Dina?": the listed names, then the asked one
+_LIST = re.compile(r"^[^:]+:\s*(?P<items>[^.?]+)\.\s")
+_ASKED = re.compile(r"of (?P<name>[\w ]+)\?\s*$")
+
+
+def asked_row(question: str) -> int | None:
+    """1-based position of the asked name in the question's list, or None when it cannot be read."""
+    items, asked = _LIST.match(question), _ASKED.search(question)
+    if not items or not asked:
+        return None
+    names = [part.strip().rsplit(" ", 1)[0] for part in items.group("items").split(",")]
+    name = asked.group("name").strip()
+    return names.index(name) + 1 if name in names else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _f(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def rows(folder: Path) -> list[dict]:
+    """Answer records joined with their confidence turn's parsed value."""
+    records = [
+        json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()
+    ]
+    confidence = {
+        r["prompt_id"]: r.get("confidence") for r in records if r.get("sample_type") == "confidence"
+    }
+    answers = [r for r in records if r.get("sample_type", "answer") == "answer"]
+    for r in answers:
+        r["stated_confidence"] = confidence.get(r["prompt_id"])
+    return answers
+
+
+def report(folder: Path) -> str:
+    metrics = json.loads((folder / "metrics.json").read_text())
+    answers = rows(folder)
+    lines = [
+        f"## {folder}",
+        "",
+        "| kind | answers | accuracy | AUROC | confidence right | confidence wrong |",
+    ]
+    lines.append("| --- | --- | --- | --- | --- | --- |")
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for r in answers:
+        by_kind[r.get("kind", "?")].append(r)
+    for kind, rs in sorted(by_kind.items()):
+        right = [r["stated_confidence"] for r in rs if r["reward"] > 0 and r["stated_confidence"] is not None]
+        wrong = [
+            r["stated_confidence"] for r in rs if r["reward"] <= 0 and r["stated_confidence"] is not None
+        ]
+        auroc = metrics.get("by_kind", {}).get(kind, {}).get("auroc")
+        lines.append(
+            f"| {kind} | {len(rs)} | {_f(_mean([float(r['reward'] > 0) for r in rs]))} | {_f(auroc)} | "
+            f"{_f(_mean(right))} | {_f(_mean(wrong))} |"
+        )
+    lines += [
+        "",
+        "| kind | asked row | answers | right | mean confidence |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind in LOOKUPS:
+        by_row: dict[int | None, list[dict]] = defaultdict(list)
+        for r in by_kind.get(kind, []):
+            by_row[asked_row(r["question"])].append(r)
+        for row in sorted(by_row, key=lambda x: (x is None, x or 0)):
+            rs = by_row[row]
+            conf = [r["stated_confidence"] for r in rs if r["stated_confidence"] is not None]
+            lines.append(
+                f"| {kind} | {row if row is not None else '?'} | {len(rs)} | "
+                f"{sum(r['reward'] > 0 for r in rs)} | {_f(_mean(conf))} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="nemo-azr eval output folders")
+    for folder in parser.parse_args().folders:
+        print(report(folder))
+
+
+if __name__ == "__main__":
+    main()
