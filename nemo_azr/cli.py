@@ -204,7 +204,9 @@ def _sample_pairs(overrides: list[str]) -> int:
     from nemo_azr.evaluation.pair_sampling import sample_pairs
     from nemo_azr.preflight import load_config
 
-    sample_pairs(load_config(overrides), progress=lambda m: print(m, flush=True))
+    # the replies are scored by the task's rule; a reward model the run names (perhaps one these pairs
+    # will train) is not read, so it need not exist yet
+    sample_pairs(load_config([*overrides, "reward_model.path="]), progress=lambda m: print(m, flush=True))
     return 0
 
 
