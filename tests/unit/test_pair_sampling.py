@@ -8,10 +8,10 @@ import pytest
 
 from nemo_azr.cli import main
 from nemo_azr.errors import ConfigError
+from nemo_azr.evaluation.pair_sampling import pairs_from_records, sample_pairs
 from nemo_azr.preflight import load_config
 from nemo_azr.tasks import build_task
 from nemo_azr.tasks.preference_data import load_pairs_jsonl
-from nemo_azr.evaluation.pair_sampling import pairs_from_records, sample_pairs
 
 
 def _rec(prompt_id: str, response: str, reward: float) -> dict:
