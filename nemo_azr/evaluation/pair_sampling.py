@@ -86,10 +86,6 @@ def _check(cfg: NemoAzrConfig) -> None:
         raise ConfigError(
             f"sample-pairs: generation.n_samples={cfg.generation.n_samples}; a pair needs at least 2 replies a problem"
         )
-    if cfg.generation.temperature <= 0:
-        raise ConfigError(
-            "sample-pairs: generation.temperature must be > 0 (greedy replies are all the same)"
-        )
     if cfg.preference.sample_prompts < 1:
         raise ConfigError(f"preference.sample_prompts must be >= 1, got {cfg.preference.sample_prompts}")
 

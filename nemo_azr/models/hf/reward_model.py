@@ -12,7 +12,7 @@ import torch
 
 from nemo_azr.algorithms.bradley_terry import bradley_terry_loss
 from nemo_azr.config.schema import NemoAzrConfig
-from nemo_azr.models.hf.sequence_scores import last_token_scores, right_padded
+from nemo_azr.models.hf.sequence_scores import last_token_scores, right_padded, score_head
 from nemo_azr.models.training.optim import build_optimizer
 from nemo_azr.models.training.reward_head import init_score_head_, reward_model_optim
 
@@ -44,8 +44,7 @@ class HFRewardModelTrainer:
             self.model = AutoModelForSequenceClassification.from_pretrained(
                 base, num_labels=1, dtype=torch.float32, local_files_only=True
             )
-        head = self.model.score if hasattr(self.model, "score") else self.model.classifier
-        init_score_head_(head.weight, self.model.config.initializer_range, cfg.seed)
+        init_score_head_(score_head(self.model).weight, self.model.config.initializer_range, cfg.seed)
         self.model.config.pad_token_id = pad_id
         self.model.train()
         self.pad_id = pad_id

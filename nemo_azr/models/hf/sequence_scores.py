@@ -9,7 +9,7 @@ import torch
 
 from nemo_azr.errors import ConfigError
 
-__all__ = ["every_token_scores", "last_token_scores", "right_padded"]
+__all__ = ["every_token_scores", "last_token_scores", "right_padded", "score_head"]
 
 
 def right_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,7 +33,7 @@ def last_token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     hidden = out.last_hidden_state
     last = attention_mask.sum(-1) - 1
     picked = hidden[torch.arange(hidden.shape[0], device=hidden.device), last.to(hidden.device)]
-    return _head(model)(picked).squeeze(-1).float()
+    return score_head(model)(picked).squeeze(-1).float()
 
 
 def every_token_scores(
@@ -42,10 +42,10 @@ def every_token_scores(
     """``[B, T]``: the head's logit at every position, each the score of the sequence up to and
     including that token (what the head reads at a reply's last token, read everywhere)."""
     out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    return _head(model)(out.last_hidden_state).squeeze(-1).float()
+    return score_head(model)(out.last_hidden_state).squeeze(-1).float()
 
 
-def _head(model) -> torch.nn.Module:
+def score_head(model) -> torch.nn.Module:
     for name in ("score", "classifier"):  # transformers' names for the sequence-classification head
         head = getattr(model, name, None)
         if isinstance(head, torch.nn.Linear):

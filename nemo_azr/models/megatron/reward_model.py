@@ -21,6 +21,7 @@ backend (``rewards/reward_model.py``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
@@ -217,7 +218,7 @@ class MegatronRewardModelTrainer(MegatronPolicy):
         state = self.export_hf_state_dict()
         head = self._head_on_every_rank()
         if global_rank() == 0:
-            config = type(self.hf_config).from_dict(self.hf_config.to_dict())
+            config = copy.deepcopy(self.hf_config)
             config.num_labels = 1
             config.pad_token_id = self.pad_id
             model = AutoModelForSequenceClassification.from_config(
