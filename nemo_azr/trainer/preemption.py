@@ -23,7 +23,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: "try again later"
 _SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -139,3 +139,15 @@ class PreemptionFlag:
     def describe(self) -> str:
         """``SIGTERM during supervised warm-up``: the first signal and the phase it arrived in."""
         return f"{signal_name(self.signum)} during {self.signal_phase or self._phase}"
+
+
+def agree_on_signal(flag: PreemptionFlag, all_reduce_max: Callable[[int], int]) -> bool:
+    """Whether the ranks stop now: every rank contributes the signal it has recorded (0: none) and
+    all act on the reduced value, never on their own flag. A signal whose handler runs while the
+    collective is in flight was not contributed; acting on it here would stop this rank alone and
+    leave its peers waiting in the next step's collectives. It is contributed at the next check."""
+    agreed = all_reduce_max(int(flag.signum or 0))
+    if agreed and not flag.requested:  # another rank got it
+        flag.signal_phase = flag.current_phase
+        flag.signum = signal.Signals(agreed)
+    return bool(agreed)

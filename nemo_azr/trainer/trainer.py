@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -76,7 +75,7 @@ from nemo_azr.trainer.flops import ModelShape, device_peak_flops, mfu_metrics
 from nemo_azr.trainer.metrics import MetricsLogger
 from nemo_azr.trainer.model_rewards import add_reward_model_scores
 from nemo_azr.trainer.output_lock import acquire_output_lock, release_output_lock
-from nemo_azr.trainer.preemption import Preempted, PreemptionFlag
+from nemo_azr.trainer.preemption import Preempted, PreemptionFlag, agree_on_signal
 from nemo_azr.trainer.preference_mode import PreferenceModeMixin, preference_pairs_source
 from nemo_azr.trainer.preflight import check_writable, resolve_device
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
@@ -590,11 +589,13 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
             return self.preemption.requested
         on_gpu = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        signum = torch.tensor([self.preemption.signum or 0], dtype=torch.int64, device=device)
-        dist.all_reduce(signum, op=dist.ReduceOp.MAX)
-        if signum.item() and not self.preemption.requested:  # another rank got it
-            self.preemption.signum = signal.Signals(int(signum.item()))
-        return self.preemption.requested
+
+        def all_reduce_max(value: int) -> int:
+            tensor = torch.tensor([value], dtype=torch.int64, device=device)
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+            return int(tensor.item())
+
+        return agree_on_signal(self.preemption, all_reduce_max)
 
     def _supervised_warmup(self, resume: Path | None) -> SFTWarmup:
         """Run (or, from a checkpoint taken part-way through it, continue) the supervised warm-up.
