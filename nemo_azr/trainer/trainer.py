@@ -614,6 +614,11 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
             set_rng_state(restored)
         single = not (dist.is_initialized() and dist.get_world_size() > 1)
         stop = (lambda: self.preemption.requested) if single and warmup.resumable else None
+        if not warmup.done:  # the logger starts after it: say now what the next minutes are
+            since = f", continuing after step {warmup.step} from {resume}" if warmup.step else ""
+            _notice(
+                f"supervised warm-up: {warmup.total} steps{since}; a line every {WARMUP_PROGRESS_EVERY} steps"
+            )
         warmup.run(on_step=_warmup_progress(warmup.total), should_stop=stop)
         return warmup
 

@@ -172,6 +172,9 @@ def test_signal_during_warmup_saves_a_resumable_warmup_checkpoint(
     assert rc == 0 and f"completed at step {STEPS}" in stdout
     assert len(calls) == WARMUP - 2  # only the remaining warm-up steps
     assert f"supervised warm-up: {WARMUP - 2} steps (resumed after step 2)" in err
+    # said before the warm-up starts, not after it (the logger starts after it)
+    announced = f"supervised warm-up: {WARMUP} steps, continuing after step 2 from {ckpt}"
+    assert announced in err and err.index(announced) < err.index("resumed after step 2")
     # Same data, same optimizer state, same random draws: as if never interrupted.
     assert _comparable(out) == uninterrupted
     final = json.loads((out / "checkpoints" / f"step_{STEPS}" / "trainer_state.json").read_text())
