@@ -510,6 +510,10 @@ class AbsoluteZeroConfig:
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"
+    # Absolute Zero's reference tasks: > 0 shows the proposer this many questions drawn from the most
+    # recent ones that reached the band (a buffer of proposer_reference_buffer); 0 = the seeds' prompt
+    proposer_references: int = 0
+    proposer_reference_buffer: int = 32
     proposer_max_new_tokens: int = 0  # 0 -> generation.max_new_tokens
     # sampling temperature of the proposer's generations (0 -> generation.temperature); proposer rows'
     # log-probs are taken at it (batch key sampling_temperature; hf backend)

@@ -25,6 +25,22 @@ class HeldOutSelfPlaySet(Protocol):
 
 
 @runtime_checkable
+class ShowsReferenceTasks(Protocol):
+    """A self-play domain whose proposer prompt can show reference tasks (Absolute Zero's K
+    references; ``absolute_zero.proposer_references``).
+
+    ``proposer_messages_with_references(seed_task, num_questions, references)``: the proposer's chat
+    messages for ``seed_task`` with ``references`` (task configs of recently learnable questions,
+    as the domain's ``parse_proposal`` returned them) shown as examples; with no references the
+    domain's ``proposer_messages``.
+    """
+
+    def proposer_messages_with_references(
+        self, seed_task: Any, num_questions: int, references: Sequence[dict[str, Any]]
+    ) -> list[dict[str, str]]: ...
+
+
+@runtime_checkable
 class ExplainsRewards(Protocol):
     """A task that can say why a reply earned no answer.
 

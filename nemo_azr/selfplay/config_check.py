@@ -64,6 +64,24 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         az.solver_gate_max_consecutive >= 0,
         f"absolute_zero.solver_gate_max_consecutive must be >= 0 (0 = no cap), got {az.solver_gate_max_consecutive}",
     )
+    require(
+        az.proposer_references >= 0 and az.proposer_reference_buffer >= 1,
+        "absolute_zero.proposer_references must be >= 0 (0 = off) and proposer_reference_buffer >= 1, "
+        f"got {az.proposer_references} and {az.proposer_reference_buffer}",
+    )
+    if az.proposer_references:
+        from nemo_azr.contracts.capabilities import ShowsReferenceTasks
+
+        require(
+            issubclass(ENVIRONMENTS.get(az.env), ShowsReferenceTasks),
+            f"absolute_zero.proposer_references: absolute_zero.env={az.env} cannot show reference tasks "
+            "to its proposer (sandbox_os can); set absolute_zero.proposer_references=0",
+        )
+        require(
+            az.enable_task_proposal,
+            "absolute_zero.proposer_references needs absolute_zero.enable_task_proposal=true (templated "
+            "groups have no proposer prompt)",
+        )
     require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
     require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
     require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nemo_azr.contracts.capabilities import ShowsReferenceTasks
 from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
 from nemo_azr.contracts.task import Example
 from nemo_azr.envs.base import ProposalDomain, ProposalError
@@ -62,9 +63,23 @@ def propose(
     *,
     num_questions: int,
     attempt: int,
+    references: Sequence[Sequence[dict[str, Any]]] | None = None,
 ) -> list[Proposal]:
-    """One batched generate over ``seeds``; each output parsed into a question group."""
-    prompts = [encode_prompt(tokenizer, domain.proposer_messages(s, num_questions)) for s in seeds]
+    """One batched generate over ``seeds``; each output parsed into a question group.
+    ``references``: per seed, the reference tasks its prompt shows (a :class:`ShowsReferenceTasks`
+    domain; ``absolute_zero.proposer_references``)."""
+    refs = list(references) if references is not None else [[] for _ in seeds]
+    if any(refs) and not isinstance(domain, ShowsReferenceTasks):
+        raise TypeError(f"the {domain.name} domain cannot show reference tasks to its proposer")
+    prompts = [
+        encode_prompt(
+            tokenizer,
+            domain.proposer_messages_with_references(s, num_questions, r)  # type: ignore[attr-defined]
+            if r
+            else domain.proposer_messages(s, num_questions),
+        )
+        for s, r in zip(seeds, refs, strict=True)
+    ]
     requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompts)]
     outputs = backend.generate(requests, replace(sampling, n=1))
     samples = [out.samples[0] for out in outputs]

@@ -42,12 +42,14 @@ from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_bat
 from nemo_azr.selfplay.learnability import QuestionScores, filter_group
 from nemo_azr.selfplay.metrics import band_miss_metrics, filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
+from nemo_azr.selfplay.reference_buffer import ReferenceBuffer, learnable_questions
 from nemo_azr.selfplay.solver_gate import SolverGate
 from nemo_azr.utils.seeding import step_seed
 
 FILTER_RNG_SALT = 6007  # the learnable-question sampling RNG of a step
 TEMPLATE_RNG_SALT = 6011  # templated groups (enable_task_proposal: false)
 WARMUP_SEED_SALT = 6029
+REFERENCE_RNG_SALT = 6037  # the reference tasks each proposer prompt of a step shows
 WARMUP_POOL_SIZE = 16  # distinct templated groups per seed task in the supervised warm-up
 
 
@@ -78,6 +80,9 @@ class AbsoluteZeroWorkflow:
             self.az.solver_gate_decay,
             self.az.solver_gate_max_consecutive,
         )
+        self.references = ReferenceBuffer(self.az.proposer_reference_buffer)
+        self._reference_rng = random.Random(cfg.seed + REFERENCE_RNG_SALT)  # run() reseeds it per step
+        self._references_shown: list[int] = []
         self._judge: LLMJudge | None = None
         self._judge_metrics: dict[str, float] = {}
         self._warmup_rng = random.Random(cfg.seed + WARMUP_SEED_SALT)
@@ -91,6 +96,8 @@ class AbsoluteZeroWorkflow:
         az, seed = self.az, self.cfg.seed
         filter_rng = random.Random(step_seed(seed, step, salt=FILTER_RNG_SALT))
         template_rng = random.Random(step_seed(seed, step, salt=TEMPLATE_RNG_SALT))
+        self._reference_rng = random.Random(step_seed(seed, step, salt=REFERENCE_RNG_SALT))
+        self._references_shown = []
         self._judge_metrics: dict[str, float] = {}
         t0 = time.perf_counter()
         domain_clock = self.domain.timing()
@@ -108,6 +115,7 @@ class AbsoluteZeroWorkflow:
         unparseable = sum(bool(g.proposal.error) for g in groups)
 
         by_prompt = {g.prompt_id: g for g in groups}
+        evaluated = list(groups)  # every group of the step, for the reference buffer
         attempts = reproposed = 0
         while attempts < az.max_repropose_attempts:
             flagged = [g for g in by_prompt.values() if g.result.flagged]
@@ -119,6 +127,7 @@ class AbsoluteZeroWorkflow:
             for g in self.propose_and_solve(seeds, backend, sampling, template_rng, attempt=attempts):
                 g.result = filter_group(_scores(g), az, filter_rng)
                 by_prompt[g.prompt_id] = g  # replaces the flagged group's data
+                evaluated.append(g)
                 num_trajectories += g.proposal.trajectory is not None
                 unparseable += bool(g.proposal.error)
 
@@ -148,6 +157,12 @@ class AbsoluteZeroWorkflow:
             metrics["solver_gate/learnable_ratio_avg"] = float(self.solver_gate.average or 0.0)
             metrics["solver_gate/solver_trained"] = float(train_solver)
         metrics.update(self._judge_metrics)
+        if az.proposer_references:  # the next step's prompts show this step's in-band questions too
+            for g in evaluated:
+                self.references.add(learnable_questions(g.proposal.questions, g.result.learnable))
+            shown = self._references_shown
+            metrics["proposer/references_shown"] = sum(shown) / len(shown) if shown else 0.0
+            metrics["proposer/reference_buffer_size"] = float(len(self.references))
         metrics.update(
             {
                 "repropose/total_attempts": float(attempts),
@@ -173,10 +188,11 @@ class AbsoluteZeroWorkflow:
 
     # --- state carried across steps (trainer_state.json: a resume goes on with the same gate) ----------
     def state_dict(self) -> dict:
-        return {"solver_gate": self.solver_gate.state_dict()}
+        return {"solver_gate": self.solver_gate.state_dict(), "references": self.references.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.solver_gate.load_state_dict(state.get("solver_gate", {}))
+        self.references.load_state_dict(state.get("references", {}))
 
     # --- propose + solve + score -------------------------------------------------------------------
     def propose_and_solve(
@@ -195,8 +211,21 @@ class AbsoluteZeroWorkflow:
                 max_new_tokens=az.proposer_max_new_tokens or sampling.max_new_tokens,
                 temperature=az.proposer_temperature or sampling.temperature,
             )
+            references = None
+            if az.proposer_references:
+                references = [
+                    self.references.sample(az.proposer_references, self._reference_rng) for _ in seeds
+                ]
+                self._references_shown.extend(len(r) for r in references)
             proposals = propose(
-                seeds, self.domain, backend, p_sampling, self.tokenizer, num_questions=k, attempt=attempt
+                seeds,
+                self.domain,
+                backend,
+                p_sampling,
+                self.tokenizer,
+                num_questions=k,
+                attempt=attempt,
+                references=references,
             )
         else:
             proposals = template_proposals(seeds, self.domain, template_rng, num_questions=k, attempt=attempt)

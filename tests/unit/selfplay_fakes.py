@@ -83,6 +83,14 @@ class ScriptedDomain(ProposalDomain):
         return SOLVER_TURN
 
 
+class ScriptedReferenceDomain(ScriptedDomain):
+    """:class:`ScriptedDomain` whose proposer prompt lists reference tasks by instruction."""
+
+    def proposer_messages_with_references(self, seed_task, num_questions, references):
+        listed = " ".join(f"REF={r['instruction']}" for r in references)
+        return [{"role": "user", "content": listed}, *self.proposer_messages(seed_task, num_questions)]
+
+
 class ScriptedBackend:
     """Proposer requests get the next planned text of their seed; solver requests get ``act``.
     Records every generate call as ("propose", [seed ids]) or ("solve", number of requests)."""
@@ -92,6 +100,7 @@ class ScriptedBackend:
         self.plans = {k: list(v) for k, v in plans.items()}
         self.calls: list[tuple[str, object]] = []
         self.generated: list[list[int]] = []  # every sampled token sequence, in order
+        self.proposer_prompts: list[str] = []  # every proposer prompt, decoded, in order
         self.version = 0
 
     def _sample(self, text: str) -> Sample:
@@ -105,6 +114,7 @@ class ScriptedBackend:
         if all(PROPOSE_MARK in p for p in prompts):
             seeds = [p.split(PROPOSE_MARK + " ")[1].split("<")[0].strip() for p in prompts]
             self.calls.append(("propose", seeds))
+            self.proposer_prompts.extend(prompts)
             for req, seed in zip(requests, seeds):
                 outputs.append(GenerationOutput(req, [self._sample(self.plans[seed].pop(0))], self.version))
         else:
