@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
+from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.env import EnvOutput, EvalResult
 from nemo_azr.contracts.generation import GenerationOutput, Sample
 from nemo_azr.contracts.task import Example
@@ -16,6 +17,21 @@ SOLVE_MARK = "SOLVE"
 OBSERVATION = "obs: keep going"
 SOLVER_TURN = "act"
 LOGPROB = -0.25
+
+
+def make_cfg(rollout_n: int = 4, **az) -> NemoAzrConfig:
+    """A rule-scored self-play config for the scripted domain: 2 questions a group, ``az`` overrides."""
+    cfg = NemoAzrConfig()
+    cfg.generation.n_samples = rollout_n
+    cfg.rollout.workflow = "azr"
+    cfg.absolute_zero.enabled = True
+    cfg.absolute_zero.safety_evaluator_type = "rule"
+    cfg.absolute_zero.completion_evaluator_type = "rule"
+    cfg.absolute_zero.questions_per_group = 2
+    cfg.absolute_zero.env_step_timeout_s = 0
+    for k, v in az.items():
+        setattr(cfg.absolute_zero, k, v)
+    return cfg
 
 
 def question(name: str, safety: list[float], completion: list[float], *, multi: bool = False) -> dict:

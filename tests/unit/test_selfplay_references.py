@@ -26,6 +26,7 @@ from tests.unit.selfplay_fakes import (
     group_text,
     question,
 )
+from tests.unit.selfplay_fakes import make_cfg as fake_cfg
 
 N = 4
 L1 = question("L1", [1, 1, 0, 0], [0, 0, 1, 1])  # in the band
@@ -39,18 +40,7 @@ def tokenizer(tiny_model_path):
 
 
 def make_cfg(**az) -> NemoAzrConfig:
-    cfg = NemoAzrConfig()
-    cfg.generation.n_samples = N
-    cfg.rollout.workflow = "azr"
-    cfg.absolute_zero.enabled = True
-    cfg.absolute_zero.safety_evaluator_type = "rule"
-    cfg.absolute_zero.completion_evaluator_type = "rule"
-    cfg.absolute_zero.questions_per_group = 2
-    cfg.absolute_zero.env_step_timeout_s = 0
-    cfg.absolute_zero.max_repropose_attempts = 0
-    for k, v in az.items():
-        setattr(cfg.absolute_zero, k, v)
-    return cfg
+    return fake_cfg(N, **{"max_repropose_attempts": 0, **az})
 
 
 def run_steps(tokenizer, plans, steps, *, workflow=None, first_step=0, **az):
