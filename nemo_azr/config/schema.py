@@ -497,6 +497,9 @@ class AbsoluteZeroConfig:
     # proposer rows also train on this x how close the group's best question came to the band (1.0
     # inside it; learnability.band_closeness); 0 = the seeds' binary reward
     proposer_band_reward_weight: float = 0.0
+    # proposer rows lose this x the share of the batch's questions that repeat theirs (R-Zero's
+    # repetition penalty; selfplay.repetition; the env must key its questions); 0 = the seeds' reward
+    proposer_repetition_penalty: float = 0.0
     # multiply each role's advantages after its estimator (1.0 = the seeds' joint update): with one
     # shared model and learning rate they set how fast each role moves (docs/selfplay.md, run 7)
     solver_advantage_scale: float = 1.0

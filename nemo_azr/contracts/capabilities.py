@@ -41,6 +41,19 @@ class ShowsReferenceTasks(Protocol):
 
 
 @runtime_checkable
+class KeysQuestions(Protocol):
+    """A self-play domain that can say when two proposed questions are the same question
+    (``absolute_zero.proposer_repetition_penalty``).
+
+    ``question_key(config)``: a string equal for two task configs (as the domain's
+    ``parse_proposal`` returned them) that pose the same challenge, however differently worded
+    (sandbox_os: the harm action).
+    """
+
+    def question_key(self, config: dict[str, Any]) -> str: ...
+
+
+@runtime_checkable
 class ExplainsRewards(Protocol):
     """A task that can say why a reply earned no answer.
 

@@ -48,6 +48,7 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         "proposer_reward_weight",
         "proposer_format_reward_weight",
         "proposer_band_reward_weight",
+        "proposer_repetition_penalty",
         "solver_advantage_scale",
         "proposer_advantage_scale",
     ):
@@ -81,6 +82,19 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
             az.enable_task_proposal,
             "absolute_zero.proposer_references needs absolute_zero.enable_task_proposal=true (templated "
             "groups have no proposer prompt)",
+        )
+    if az.proposer_repetition_penalty:
+        from nemo_azr.contracts.capabilities import KeysQuestions
+
+        require(
+            issubclass(ENVIRONMENTS.get(az.env), KeysQuestions),
+            f"absolute_zero.proposer_repetition_penalty: absolute_zero.env={az.env} cannot tell two of "
+            "its questions apart (sandbox_os can); set absolute_zero.proposer_repetition_penalty=0",
+        )
+        require(
+            az.enable_task_proposal,
+            "absolute_zero.proposer_repetition_penalty needs absolute_zero.enable_task_proposal=true "
+            "(templated groups have no proposer rows)",
         )
     require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
     require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")

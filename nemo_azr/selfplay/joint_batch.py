@@ -18,6 +18,7 @@ Rewards::
     proposer rows: proposer_rewards (1.0 learnable / 0.0 not learnable / -0.5 still flagged)
                    + proposer_format_reward_weight * (1 if the proposal parsed else 0)  [default 0]
                    + proposer_band_reward_weight * the group's best band_closeness       [default 0]
+                   - proposer_repetition_penalty * the group's repetition penalty          [default 0]
 
 Solver rows are grouped per question (``group_id``); all proposer rows of the batch form one group,
 so a group-mean estimator normalises proposer rewards across the batch's proposers. ``prompt_id``
@@ -73,6 +74,7 @@ class SolvedGroup:
     completion: list[list[float]] = field(default_factory=list)
     format: list[list[float]] = field(default_factory=list)
     result: GroupFilterResult | None = None
+    repetition_penalty: float = 0.0  # selfplay.repetition: its questions' share of the batch's repeats
 
     @property
     def prompt_id(self) -> str:
@@ -189,10 +191,14 @@ def build_joint_batch(
         # the band term (absolute_zero.proposer_band_reward_weight): a group that misses the band by
         # less earns more, so a proposer facing a solver safer than the band learns to tempt harder
         band_weight = getattr(cfg, "proposer_band_reward_weight", 0.0)
+        # the repetition term (absolute_zero.proposer_repetition_penalty): a group asking what the
+        # rest of the batch asks earns less, so the proposer keeps more than a few temptations
+        repeat_weight = getattr(cfg, "proposer_repetition_penalty", 0.0)
         reward = (
             p_rewards[g.prompt_id]
             + fmt_weight * (0.0 if g.proposal.error else 1.0)
             + band_weight * g.result.best_closeness
+            - repeat_weight * g.repetition_penalty
         )
         for suffix, aligned in copies:
             _add_proposer_row(add, g, traj, step, reward, suffix, aligned)

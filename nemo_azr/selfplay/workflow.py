@@ -23,6 +23,7 @@ import torch
 
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
+from nemo_azr.contracts.capabilities import KeysQuestions
 from nemo_azr.contracts.generation import GenerationBackend, SamplingParams
 from nemo_azr.contracts.schema import PROMPT_FEEDBACK
 from nemo_azr.contracts.task import Example, Task
@@ -43,6 +44,7 @@ from nemo_azr.selfplay.learnability import QuestionScores, filter_group
 from nemo_azr.selfplay.metrics import band_miss_metrics, filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
 from nemo_azr.selfplay.reference_buffer import ReferenceBuffer, learnable_questions
+from nemo_azr.selfplay.repetition import distinct_share, repetition_penalties
 from nemo_azr.selfplay.solver_gate import SolverGate
 from nemo_azr.utils.seeding import step_seed
 
@@ -132,6 +134,7 @@ class AbsoluteZeroWorkflow:
                 unparseable += bool(g.proposal.error)
 
         final = list(by_prompt.values())
+        metrics.update(self._score_repetition(final))
         batch = build_joint_batch(
             final,
             az,
@@ -185,6 +188,20 @@ class AbsoluteZeroWorkflow:
             for g in final
         }
         return batch
+
+    def _score_repetition(self, groups: list[SolvedGroup]) -> dict[str, float]:
+        """Sets each group's repetition penalty (selfplay.repetition) where the domain keys its
+        questions, and returns the batch's distinct-question share and mean penalty."""
+        if not isinstance(self.domain, KeysQuestions):
+            return {}
+        keys = [[self.domain.question_key(q) for q in g.proposal.questions] for g in groups]
+        for g, penalty in zip(groups, repetition_penalties(keys)):
+            g.repetition_penalty = penalty
+        parsed = [g.repetition_penalty for g, k in zip(groups, keys) if k]
+        return {
+            "proposer/distinct_question_share": distinct_share(keys),
+            "proposer/repetition_penalty_mean": sum(parsed) / len(parsed) if parsed else 0.0,
+        }
 
     # --- state carried across steps (trainer_state.json: a resume goes on with the same gate) ----------
     def state_dict(self) -> dict:
