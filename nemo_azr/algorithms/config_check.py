@@ -139,6 +139,11 @@ def check_preference_config(cfg: NemoAzrConfig) -> None:
     )
     one_of("preference.pair_style", pref.pair_style, ("bare", "equation"))
     require(
+        pref.nll_weight >= 0 and (pref.nll_weight == 0 or pref.loss in ("dpo", "ipo")),
+        f"preference.nll_weight (RPO's NLL on the chosen reply) must be >= 0 and needs pairs (dpo, ipo); "
+        f"got {pref.nll_weight} with preference.loss={pref.loss}",
+    )
+    require(
         0 <= pref.label_smoothing < 0.5,
         f"preference.label_smoothing must be in [0, 0.5), got {pref.label_smoothing}",
     )

@@ -11,6 +11,11 @@ and under the frozen reference, as the papers write them. They return the mean l
   chosen reward is the larger (KTO: of examples on the right side of the reference point);
 * KTO also ``kl_reference``: the batch estimate of KL(pi || ref) its value function is centred on.
 
+:func:`chosen_nll` is the term RPO (Pang et al. 2024, "Iterative Reasoning Preference Optimization",
+eq. 2; TRL's ``rpo_alpha``) adds to DPO: the chosen response's negative log-likelihood per token,
+``-log pi(y_w|x) / |y_w|``, averaged over pairs. DPO alone may widen the margin by lowering both
+responses; this keeps the chosen one likely (``preference.nll_weight``).
+
 Formulas, with ``h = (log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))``:
 
 * DPO (Rafailov et al. 2023, eq. 7): ``-log sigmoid(beta * h)``; with label smoothing ``eps``
@@ -33,7 +38,7 @@ import torch.nn.functional as F
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import PREFERENCE_LOSSES
 
-__all__ = ["dpo_loss", "ipo_loss", "kto_loss", "sequence_logps"]
+__all__ = ["chosen_nll", "dpo_loss", "ipo_loss", "kto_loss", "sequence_logps"]
 
 Metrics = dict[str, torch.Tensor]
 
@@ -45,6 +50,13 @@ PAIRED_LOSSES = ("dpo", "ipo")
 def sequence_logps(token_logps: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     """``log pi(y|x)`` per row: the sum of the response tokens' log-probs (``loss_mask`` marks them)."""
     return (token_logps * loss_mask.to(token_logps.dtype)).sum(-1)
+
+
+def chosen_nll(chosen_logps: torch.Tensor, chosen_tokens: torch.Tensor) -> torch.Tensor:
+    """RPO's term: the mean over pairs of ``-log pi(y_w|x) / |y_w|`` (``chosen_tokens``: each chosen
+    response's token count)."""
+    _check_pairs(logps=chosen_logps, tokens=chosen_tokens)
+    return -(chosen_logps / chosen_tokens.to(chosen_logps.dtype).clamp(min=1)).mean()
 
 
 def _check_pairs(**tensors: torch.Tensor) -> None:

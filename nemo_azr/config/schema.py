@@ -566,6 +566,8 @@ class PreferenceConfig:
     label_smoothing: float = 0.0  # dpo: the share of pairs taken as mislabelled (conservative DPO)
     desirable_weight: float = 1.0  # kto: lambda_D, the weight of a desirable (chosen) response's loss
     undesirable_weight: float = 1.0  # kto: lambda_U, the weight of an undesirable (rejected) one's
+    # dpo / ipo: + this x the chosen reply's per-token negative log-likelihood (RPO; TRL's rpo_alpha)
+    nll_weight: float = 0.0
     pairs_path: str = ""  # JSONL {prompt, chosen, rejected[, id]}; "": generated (data.task=arithmetic)
     unpaired_path: str = ""  # kto: JSONL {prompt, completion, label[, id]} instead of pairs
     pair_style: str = "bare"  # generated pairs' replies: bare ("27") | equation ("48 - 21 = 27")

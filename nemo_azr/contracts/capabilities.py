@@ -143,6 +143,7 @@ class PreferencePolicy(Protocol):
         label_smoothing: float = 0.0,
         desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0,
+        nll_weight: float = 0.0,
     ) -> dict[str, float]: ...
 
 

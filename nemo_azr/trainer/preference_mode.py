@@ -82,6 +82,7 @@ class PreferenceModeMixin:
                 label_smoothing=pref.label_smoothing,
                 desirable_weight=pref.desirable_weight,
                 undesirable_weight=pref.undesirable_weight,
+                nll_weight=pref.nll_weight,
             )
         )
         t_update = time.perf_counter()

@@ -107,6 +107,14 @@ from tests.cli_errors import cli_error
             ["preference.loss=ipo", "preference.label_smoothing=0.1"],
             "conservative DPO's; preference.loss=ipo",
         ),
+        (
+            ["preference.loss=kto", "preference.nll_weight=0.5"],
+            "needs pairs (dpo, ipo); got 0.5 with preference.loss=kto",
+        ),
+        (
+            ["preference.loss=dpo", "preference.nll_weight=-1"],
+            "nll_weight (RPO's NLL on the chosen reply) must be >= 0",
+        ),
         (["preference.loss=dpo", "data.task=synthetic_qa"], "needs pairs: preference.pairs_path=FILE.jsonl"),
         (["preference.loss=dpo", "rollout.async_rollout=true"], "set rollout.async_rollout=false"),
         (["preference.loss=dpo", "preference.pairs_path=/nope.jsonl"], "/nope.jsonl"),

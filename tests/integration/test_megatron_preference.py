@@ -41,6 +41,15 @@ VARIANTS = {
 }
 
 
+#: single-process runs by name: the loss, and RPO (DPO + the chosen reply's NLL)
+LOSS_OVERRIDES = {
+    "dpo": ["preference.loss=dpo"],
+    "ipo": ["preference.loss=ipo"],
+    "kto": ["preference.loss=kto"],
+    "rpo": ["preference.loss=dpo", "preference.nll_weight=1.0"],
+}
+
+
 def _overrides(cache, pairs_file, *extra) -> list[str]:
     return [
         f"model.tiny.cache_dir={cache}",
@@ -96,22 +105,27 @@ def hf_runs(tiny_cache, pairs_file, tmp_path_factory):
         if loss not in cache:
             out = tmp_path_factory.mktemp(f"hf_{loss}")
             cache[loss] = _run(
-                _overrides(tiny_cache, pairs_file, "model.backend=hf", f"preference.loss={loss}"), out
+                _overrides(tiny_cache, pairs_file, "model.backend=hf", *LOSS_OVERRIDES[loss]), out
             )
         return cache[loss]
 
     return run
 
 
-@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto"])
+@pytest.mark.parametrize("loss", list(LOSS_OVERRIDES))
 def test_single_process_megatron_preference_steps_match_hf(loss, hf_runs, tiny_cache, pairs_file, tmp_path):
     got = _run(
         _overrides(
-            tiny_cache, pairs_file, "model.backend=megatron", "parallel=tp1pp1", f"preference.loss={loss}"
+            tiny_cache, pairs_file, "model.backend=megatron", "parallel=tp1pp1", *LOSS_OVERRIDES[loss]
         ),
         tmp_path,
     )
-    _assert_same(got, hf_runs(loss), loss)
+    want = hf_runs(loss)
+    _assert_same(got, want, "kto" if loss == "kto" else "dpo")
+    if loss == "rpo":  # the NLL term is in the loss, alike on both backends
+        for g, w in zip(got, want):
+            assert g["preference/chosen_nll"] == pytest.approx(w["preference/chosen_nll"], rel=1e-5)
+            assert w["preference/loss"] > w["preference/chosen_nll"] > 0
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from nemo_azr.algorithms.preference import dpo_loss, ipo_loss, kto_loss, sequence_logps
+from nemo_azr.algorithms.preference import chosen_nll, dpo_loss, ipo_loss, kto_loss, sequence_logps
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import PREFERENCE_LOSSES
 
@@ -134,3 +134,15 @@ def test_registered_by_name_and_bad_settings_are_config_errors():
         dpo_loss(t, torch.zeros(3), t, t, beta=0.1)
     with pytest.raises(ConfigError, match="weights must be > 0"):
         kto_loss(t, t, torch.ones(2, dtype=torch.bool), t, t, beta=0.1, undesirable_weight=0.0)
+
+
+def test_chosen_nll_is_rpos_per_token_nll_and_gradient():
+    """RPO's term: mean over pairs of -log pi(y_w) / |y_w|; d/d log pi(y_w_i) = -1 / (|y_w_i| * pairs)."""
+    logps = torch.tensor([-2.0, -6.0], dtype=torch.float64, requires_grad=True)
+    tokens = torch.tensor([2, 3])
+    value = chosen_nll(logps, tokens)
+    assert float(value) == pytest.approx((2.0 / 2 + 6.0 / 3) / 2)
+    value.backward()
+    assert logps.grad.tolist() == pytest.approx([-1 / (2 * 2), -1 / (3 * 2)])
+    with pytest.raises(ValueError, match="one value per pair"):
+        chosen_nll(logps.detach(), torch.tensor([1, 2, 3]))

@@ -71,7 +71,24 @@ def test_first_loss_equals_the_formula_at_zero_margin(tiny_model_path, loss, bet
     assert metrics["preference/pairs"] == len(PAIRS) and metrics["preference/grad_norm"] > 0
 
 
-def test_gradient_does_not_depend_on_the_micro_batch_size(tiny_model_path):
+def test_rpo_adds_the_chosen_replies_per_token_nll(tiny_model_path):
+    """Policy = reference: DPO is log 2, and RPO adds nll_weight x the mean over pairs of the chosen
+    reply's -log pi / tokens, computed here from the policy's own token log-probs."""
+    policy = _policy(tiny_model_path)
+    batch = _batch(tiny_model_path, policy)
+    chosen = batch[F.PREFERENCE_LABEL] == 1
+    token_logps = policy.compute_logprobs(batch).detach().cpu()[chosen]
+    mask = batch[F.LOSS_MASK][chosen].float()
+    want_nll = float((-(token_logps * mask).sum(-1) / mask.sum(-1)).mean())
+    metrics = policy.preference_step(batch, loss="dpo", beta=0.1, nll_weight=0.5)
+    assert metrics["preference/chosen_nll"] == pytest.approx(want_nll, rel=1e-4)
+    assert metrics["preference/loss"] == pytest.approx(math.log(2.0) + 0.5 * want_nll, rel=1e-4)
+    with pytest.raises(ConfigError, match="nll_weight=0.5.*paired loss"):
+        policy.preference_step(_kto_batch(tiny_model_path, policy), loss="kto", beta=0.1, nll_weight=0.5)
+
+
+@pytest.mark.parametrize("nll_weight", [0.0, 1.0])
+def test_gradient_does_not_depend_on_the_micro_batch_size(tiny_model_path, nll_weight):
     grads = []
     for rows in (2, 8):  # one pair per micro-batch, then all four pairs in one
         policy = _policy(tiny_model_path, micro_batch_size=rows)
@@ -86,7 +103,7 @@ def test_gradient_does_not_depend_on_the_micro_batch_size(tiny_model_path):
             return 1.0
 
         policy._clip_and_step = capture
-        policy.preference_step(batch, loss="dpo", beta=0.1)
+        policy.preference_step(batch, loss="dpo", beta=0.1, nll_weight=nll_weight)
         grads.append(captured)
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from nemo_azr.algorithms.preference import sequence_logps
+from nemo_azr.algorithms.preference import chosen_nll, sequence_logps
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.preference import kto_rows, pair_rows
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.training.preference_update import check_preference_step
+from nemo_azr.models.training.preference_update import check_nll_weight, check_preference_step
 from nemo_azr.registry import PREFERENCE_LOSSES
 
 __all__ = ["MegatronPreferenceMixin", "pair_major_order"]
@@ -60,10 +60,12 @@ class MegatronPreferenceMixin:
         label_smoothing: float = 0.0,
         desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0,
+        nll_weight: float = 0.0,
     ) -> dict[str, float]:
-        """One optimizer step of DPO / IPO over every pair of ``batch``, or of KTO over its labelled
-        rows; ``preference/*`` metrics."""
+        """One optimizer step of DPO / IPO (plus ``nll_weight`` x the chosen replies' per-token NLL,
+        RPO) over every pair of ``batch``, or of KTO over its labelled rows; ``preference/*`` metrics."""
         loss_fn = PREFERENCE_LOSSES.get(check_preference_step(batch, loss))
+        check_nll_weight(loss, nll_weight)
         if loss == "kto":
             return self._kto_step(batch, loss_fn, beta, desirable_weight, undesirable_weight)
         if self.micro_batch_rows() % 2:
@@ -90,6 +92,10 @@ class MegatronPreferenceMixin:
             value, metrics = loss_fn(
                 seq[c], seq[r], ref[c], ref[r], beta=beta, label_smoothing=label_smoothing
             )
+            if nll_weight:
+                nll = chosen_nll(seq[c], micro[F.LOSS_MASK][c].sum(-1).to(seq.device))
+                value = value + nll_weight * nll
+                metrics = {**metrics, "chosen_nll": nll.detach()}
             share = len(c) / pairs
             return value * share, {f"preference/{k}": float(v) * share for k, v in metrics.items()}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from nemo_azr.algorithms.preference import PAIRED_LOSSES, sequence_logps
+from nemo_azr.algorithms.preference import PAIRED_LOSSES, chosen_nll, sequence_logps
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.preference import kto_rows, pair_rows, validate_preference_batch
@@ -24,7 +24,7 @@ from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.models.training.microbatch import trim_padding
 from nemo_azr.registry import PREFERENCE_LOSSES
 
-__all__ = ["PAIRED_LOSSES", "PreferenceUpdateMixin", "check_preference_step"]
+__all__ = ["PAIRED_LOSSES", "PreferenceUpdateMixin", "check_nll_weight", "check_preference_step"]
 
 
 def check_preference_step(batch: Batch, loss: str) -> str:
@@ -45,6 +45,15 @@ def check_preference_step(batch: Batch, loss: str) -> str:
     return loss
 
 
+def check_nll_weight(loss: str, nll_weight: float) -> None:
+    """RPO's NLL term is defined for pairs (the chosen reply) and is a non-negative weight."""
+    if nll_weight < 0 or (nll_weight and loss not in PAIRED_LOSSES):
+        raise ConfigError(
+            f"preference nll_weight={nll_weight}: the chosen reply's NLL term (RPO) needs a weight >= 0 "
+            f"and a paired loss ({', '.join(PAIRED_LOSSES)}); preference.loss={loss}"
+        )
+
+
 class PreferenceUpdateMixin:
     """``preference_step`` for a policy with differentiable ``token_logprobs``, ``micro_batch_rows``
     and ``_clip_and_step`` (the hf policy)."""
@@ -58,10 +67,13 @@ class PreferenceUpdateMixin:
         label_smoothing: float = 0.0,
         desirable_weight: float = 1.0,
         undesirable_weight: float = 1.0,
+        nll_weight: float = 0.0,
     ) -> dict[str, float]:
-        """One step of ``loss`` over every pair (DPO, IPO) or labelled row (KTO, weighted by
-        ``desirable_weight`` / ``undesirable_weight``) of ``batch``; returns ``preference/*`` metrics."""
+        """One step of ``loss`` over every pair (DPO, IPO; plus ``nll_weight`` x the chosen replies'
+        per-token NLL, RPO) or labelled row (KTO, weighted by ``desirable_weight`` /
+        ``undesirable_weight``) of ``batch``; returns ``preference/*`` metrics."""
         loss_fn = PREFERENCE_LOSSES.get(check_preference_step(batch, loss))
+        check_nll_weight(loss, nll_weight)
         ref = sequence_logps(batch[F.REF_LOGPROBS].float(), batch[F.LOSS_MASK]).to(self.device)
         if loss == "kto":
             return self._kto_step(batch, ref, loss_fn, beta, desirable_weight, undesirable_weight)
@@ -77,6 +89,10 @@ class PreferenceUpdateMixin:
             value, metrics = loss_fn(
                 seq[:k], seq[k:], ref[c], ref[r], beta=beta, label_smoothing=label_smoothing
             )
+            if nll_weight:
+                nll = chosen_nll(seq[:k], part[F.LOSS_MASK][:k].sum(-1).to(seq.device))
+                value = value + nll_weight * nll
+                metrics = {**metrics, "chosen_nll": nll.detach()}
             share = k / pairs
             (value * share).backward()
             totals["loss"] += float(value.detach()) * share
