@@ -249,6 +249,7 @@ def run_heldout_selfplay(name: str, out: Path, base: list[str], trained: bool) -
 
 
 REWARD_MODEL = {"arithmetic_rm_smollm2"}  # train-rm first; a rule-reward run of the same budget beside it
+SAMPLED_PAIRS = {"arithmetic_dpo_smollm2"}  # sample-pairs first: it trains on the policy's own pairs
 
 
 def run_reward_model_parts(name: str, out: Path, base: list[str]) -> dict:
@@ -288,6 +289,8 @@ def run_experiment(name: str, root: Path, fresh: bool, extra: list[str], trained
     result: dict = {"experiment": name, "overrides": extra}
     if name in HELDOUT_SELFPLAY:
         return result | run_heldout_selfplay(name, out, base, trained)
+    if name in SAMPLED_PAIRS and not trained and not (out / "sampled_pairs.jsonl").exists():
+        run([*nemo_azr(), "sample-pairs", *base], out / "sample_pairs.log")
     if name not in SELFPLAY:
         seconds = run([*nemo_azr(), "eval", *base, "eval.checkpoint=model", f"eval.output_dir={out}/eval_before"],
                       out / "eval_before.log")  # fmt: skip

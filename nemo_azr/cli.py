@@ -137,7 +137,9 @@ def _eval(overrides: list[str]) -> int:
     from nemo_azr.evaluation.run import run_eval
     from nemo_azr.preflight import load_config
 
-    result = run_eval(load_config(overrides))
+    # an evaluation generates from the checkpoint and never reads a preference run's pairs: they need
+    # not exist (the pairs file of a DPO experiment may not be sampled yet)
+    result = run_eval(load_config([*overrides, "preference.loss="]))
     keys = (
         "harm_reward",
         "safety",
@@ -205,8 +207,12 @@ def _sample_pairs(overrides: list[str]) -> int:
     from nemo_azr.preflight import load_config
 
     # the replies are scored by the task's rule; a reward model the run names (perhaps one these pairs
-    # will train) is not read, so it need not exist yet
-    sample_pairs(load_config([*overrides, "reward_model.path="]), progress=lambda m: print(m, flush=True))
+    # will train) is not read, nor are the pairs a DPO run trains on (perhaps these), so neither need
+    # exist yet
+    sample_pairs(
+        load_config([*overrides, "reward_model.path=", "preference.loss="]),
+        progress=lambda m: print(m, flush=True),
+    )
     return 0
 
 

@@ -153,7 +153,9 @@ def check_preference_config(cfg: NemoAzrConfig) -> None:
     )
     require(
         not pref.pairs_path or Path(pref.pairs_path).expanduser().is_file(),
-        f"preference.pairs_path={pref.pairs_path!r}: no such file",
+        f"preference.pairs_path={pref.pairs_path!r}: no such file (`nemo-azr sample-pairs` with the same "
+        "overrides writes the policy's own pairs to preference.sample_out, by default "
+        "<trainer.output_dir>/sampled_pairs.jsonl)",
     )
     require(
         not pref.unpaired_path or pref.loss == "kto",

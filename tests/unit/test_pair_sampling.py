@@ -75,8 +75,9 @@ def test_sample_pairs_writes_the_scored_replies_and_their_pairs(tiny_cache, tmp_
         "generation.max_new_tokens=8",
         "eval.prompts_per_batch=4",  # two batches
     ]
-    # a reward model the run names is not read (these pairs may be what trains it)
-    assert main(["sample-pairs", *overrides, f"reward_model.path={tmp_path / 'reward_model'}"]) == 0
+    # neither a reward model the run names nor a DPO run's pairs are read (these pairs may be either's)
+    dpo = ["preference.loss=dpo", f"preference.pairs_path={tmp_path / 'sampled_pairs.jsonl'}"]
+    assert main(["sample-pairs", *overrides, f"reward_model.path={tmp_path / 'reward_model'}", *dpo]) == 0
     records = [
         json.loads(line) for line in (tmp_path / "sampled_pairs.replies.jsonl").read_text().splitlines()
     ]
@@ -97,3 +98,24 @@ def test_sample_pairs_writes_the_scored_replies_and_their_pairs(tiny_cache, tmp_
         assert load_pairs_jsonl(tmp_path / "sampled_pairs.jsonl") == want
     summary = json.loads((tmp_path / "sampled_pairs.summary.json").read_text())
     assert {k: summary[k] for k in counts} == counts and summary["replies"] == 18
+
+
+def test_eval_of_a_dpo_experiment_does_not_need_its_pairs(tiny_cache, tmp_path, capsys):
+    missing = tmp_path / "not_sampled_yet.jsonl"
+    overrides = [f"model.tiny.cache_dir={tiny_cache}", f"trainer.output_dir={tmp_path}", "data.eval_size=2"]
+    assert (
+        main(
+            [
+                "eval",
+                *overrides,
+                "eval.checkpoint=model",
+                "preference.loss=dpo",
+                f"preference.pairs_path={missing}",
+            ]
+        )
+        == 0
+    )
+    assert "eval of" in capsys.readouterr().out
+    # training does read them: one line naming the file and the command that writes it
+    assert main(["train", *overrides, "preference.loss=dpo", f"preference.pairs_path={missing}"]) != 0
+    assert "not_sampled_yet.jsonl': no such file (`nemo-azr sample-pairs`" in capsys.readouterr().err
