@@ -70,32 +70,16 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         "absolute_zero.proposer_references must be >= 0 (0 = off) and proposer_reference_buffer >= 1, "
         f"got {az.proposer_references} and {az.proposer_reference_buffer}",
     )
-    if az.proposer_references:
-        from nemo_azr.contracts.capabilities import ShowsReferenceTasks
+    from nemo_azr.contracts.capabilities import KeysQuestions, ShowsReferenceTasks
 
-        require(
-            issubclass(ENVIRONMENTS.get(az.env), ShowsReferenceTasks),
-            f"absolute_zero.proposer_references: absolute_zero.env={az.env} cannot show reference tasks "
-            "to its proposer (sandbox_os can); set absolute_zero.proposer_references=0",
-        )
-        require(
-            az.enable_task_proposal,
-            "absolute_zero.proposer_references needs absolute_zero.enable_task_proposal=true (templated "
-            "groups have no proposer prompt)",
-        )
-    if az.proposer_repetition_penalty:
-        from nemo_azr.contracts.capabilities import KeysQuestions
-
-        require(
-            issubclass(ENVIRONMENTS.get(az.env), KeysQuestions),
-            f"absolute_zero.proposer_repetition_penalty: absolute_zero.env={az.env} cannot tell two of "
-            "its questions apart (sandbox_os can); set absolute_zero.proposer_repetition_penalty=0",
-        )
-        require(
-            az.enable_task_proposal,
-            "absolute_zero.proposer_repetition_penalty needs absolute_zero.enable_task_proposal=true "
-            "(templated groups have no proposer rows)",
-        )
+    _require_proposer_capability(
+        az, "proposer_references", ShowsReferenceTasks, "cannot show reference tasks to its proposer",
+        "templated groups have no proposer prompt",
+    )  # fmt: skip
+    _require_proposer_capability(
+        az, "proposer_repetition_penalty", KeysQuestions, "cannot tell two of its questions apart",
+        "templated groups have no proposer rows",
+    )  # fmt: skip
     require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
     require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
     require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")
@@ -141,4 +125,21 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
     require(
         not bad and az.python_exec.task_types,
         f"absolute_zero.python_exec.task_types has unknown {bad}; use deduction, abduction, induction",
+    )
+
+
+def _require_proposer_capability(az, key: str, capability: type, cannot: str, why_proposal: str) -> None:
+    """An ``absolute_zero.<key>`` that is on needs an environment with ``capability`` (a Protocol of
+    contracts/capabilities) and a proposer (``enable_task_proposal``)."""
+    from nemo_azr.registry import ENVIRONMENTS
+
+    if not getattr(az, key):
+        return
+    require(
+        issubclass(ENVIRONMENTS.get(az.env), capability),
+        f"absolute_zero.{key}: absolute_zero.env={az.env} {cannot} (sandbox_os can); set absolute_zero.{key}=0",
+    )
+    require(
+        az.enable_task_proposal,
+        f"absolute_zero.{key} needs absolute_zero.enable_task_proposal=true ({why_proposal})",
     )
