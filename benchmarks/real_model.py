@@ -249,7 +249,10 @@ def run_heldout_selfplay(name: str, out: Path, base: list[str], trained: bool) -
 
 
 REWARD_MODEL = {"arithmetic_rm_smollm2"}  # train-rm first; a rule-reward run of the same budget beside it
-SAMPLED_PAIRS = {"arithmetic_dpo_smollm2"}  # sample-pairs first: it trains on the policy's own pairs
+SAMPLED_PAIRS = {
+    "arithmetic_dpo_smollm2",
+    "arithmetic_rm_smollm2",
+}  # sample-pairs first: their pairs are the policy's own
 
 
 def run_reward_model_parts(name: str, out: Path, base: list[str]) -> dict:

@@ -52,6 +52,11 @@ def _pair_sets(cfg: NemoAzrConfig) -> tuple[list[PreferencePair], list[Preferenc
     """(training pairs, held-out pairs, the task whose prompts present them or None for one user message)."""
     rm, pref = cfg.reward_model, cfg.preference
     if pref.pairs_path:
+        if not Path(pref.pairs_path).expanduser().is_file():
+            raise DataError(
+                f"preference.pairs_path={pref.pairs_path!r}: no such file (`nemo-azr sample-pairs` with the "
+                "same overrides writes the policy's own pairs there)"
+            )
         pairs = load_pairs_jsonl(pref.pairs_path)
         random.Random(cfg.seed).shuffle(pairs)
         if len(pairs) <= rm.heldout_pairs:
@@ -112,10 +117,10 @@ def train_reward_model(cfg: NemoAzrConfig, progress: Progress = print) -> dict[s
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
     seed_everything(cfg.seed)
+    train_pairs, held_out_pairs, task = _pair_sets(cfg)  # bad pairs fail before the model loads
     base = resolve_model_path(cfg.model.path, cfg.model.tiny)
     tokenizer = load_tokenizer(base)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    train_pairs, held_out_pairs, task = _pair_sets(cfg)
     train_rows, held_rows = _encode(train_pairs, tokenizer, task), _encode(held_out_pairs, tokenizer, task)
     model = _build(cfg, base, pad_id)
     return _train(cfg, model, tokenizer, train_rows, held_rows, progress if global_rank() == 0 else _silent)

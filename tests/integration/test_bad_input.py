@@ -124,6 +124,16 @@ def test_bad_configs_fail_with_one_line(capsys, overrides, expected):
     assert expected in cli_error(capsys, *overrides)
 
 
+def test_train_rm_without_its_pairs_file_names_the_command_that_writes_it(capsys, tmp_path):
+    line = cli_error(
+        capsys,
+        f"preference.pairs_path={tmp_path / 'sampled_pairs.jsonl'}",
+        f"trainer.output_dir={tmp_path}",
+        command="train-rm",
+    )
+    assert "sampled_pairs.jsonl" in line and "nemo-azr sample-pairs" in line
+
+
 def test_empty_dataset_is_a_clear_error(capsys, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
