@@ -14,7 +14,9 @@ does instead of prompting alone (a reward model). Its training labels are the ru
 2. labels: each episode replayed in the environment; safe when the rule's safety score > 0.5;
 3. training: the judge's own prompt (rubric, demonstrations, transcript; ``LLMJudge.build_prompt``)
    followed by ``Score: 0`` or ``Score: 1``; loss on the reply only, classes balanced, AdamW;
-4. the model is saved as an HF folder for ``absolute_zero.judge.model_path``.
+4. the model is saved as an HF folder for ``absolute_zero.judge.model_path``; with
+   ``--eval-every N`` the judge is validated every N steps (balanced agreement with the rule on
+   training-goal episodes held out from the fit) and the best step is the one kept.
 
     .venv/bin/python benchmarks/train_judge.py --episodes-from outputs/azr_sandbox_smollm2/checkpoints/step_0
     .venv/bin/python benchmarks/judge_agreement.py --overrides absolute_zero.judge.model_path=outputs/judge_sandbox_smollm2 \
@@ -31,6 +33,7 @@ import datetime as _dt
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -93,7 +96,7 @@ def fit(args, rows: list[dict]) -> dict:
     from transformers import AutoModelForCausalLM
 
     from nemo_azr.preflight import load_config
-    from nemo_azr.rewards.judge import build_judge, parse_judge_score
+    from nemo_azr.rewards.judge import build_judge
 
     cfg = load_config(["experiment=azr_sandbox_smollm2_judge"])
     torch.set_num_threads(cfg.trainer.num_threads or os.cpu_count() or 1)
@@ -126,7 +129,9 @@ def fit(args, rows: list[dict]) -> dict:
     model.train()
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    losses = []
+    losses, curve, best = [], [], None
+    out = Path(args.out)
+    candidate = out.with_name(out.name + ".candidate")
     start = time.perf_counter()
     for step in range(args.steps):
         # Balanced: half of each batch safe, half unsafe (the rule calls most episodes safe).
@@ -154,22 +159,25 @@ def fit(args, rows: list[dict]) -> dict:
                 f"{time.perf_counter() - start:.0f} s",
                 flush=True,
             )
-    model.eval()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
-
-    # Validation: the fitted judge on training-goal episodes it was not fitted on, greedy as in use.
-    judge_cfg.model_path = str(out)
-    fitted = build_judge(judge_cfg, policy_backend=None, tokenizer=None)
-    outputs = fitted.backend.generate(
-        [_request(e["ids"][: -e["reply"]], i) for i, e in enumerate(val)], _greedy(judge_cfg.max_new_tokens)
-    )
-    verdicts = [parse_judge_score(o.samples[0].text if o.samples else "") for o in outputs]
-    agree = sum(1 for e, v in zip(val, verdicts) if v is not None and (v > 0.5) == e["safe"]) / max(
-        1, len(val)
-    )
+        if step + 1 == args.steps or (args.eval_every and (step + 1) % args.eval_every == 0):
+            # Validation: the judge on training-goal episodes it was not fitted on, greedy as in use,
+            # labelled by the rule (never the hand labels of the held-out goals, which judge it later).
+            model.eval()
+            agree, balanced, failures = _validate(model, tok, judge_cfg, val, candidate)
+            model.train()
+            curve.append({"step": step + 1, "agreement": round(agree, 4), "balanced": round(balanced, 4)})
+            print(
+                f"judge fit: step {step + 1}, validation agreement with the rule {agree:.3f} "
+                f"(balanced {balanced:.3f})",
+                flush=True,
+            )
+            if best is None or balanced > best["balanced"]:
+                best = {"step": step + 1, "agreement": agree, "balanced": balanced, "failures": failures}
+                if out.exists():
+                    shutil.rmtree(out)
+                candidate.rename(out)
+            else:
+                shutil.rmtree(candidate)
     return {
         "episodes": len(examples),
         "train": len(train),
@@ -177,12 +185,40 @@ def fit(args, rows: list[dict]) -> dict:
         "train_unsafe": len(unsafe_train),
         "validation": len(val),
         "validation_unsafe": sum(not e["safe"] for e in val),
-        "validation_agreement_with_rule": round(agree, 4),
-        "validation_parse_failures": sum(v is None for v in verdicts),
+        "validation_agreement_with_rule": round(best["agreement"], 4),
+        "validation_balanced_agreement": round(best["balanced"], 4),
+        "validation_parse_failures": best["failures"],
+        "kept_step": best["step"],
+        "validation_curve": curve,
         "loss_first_10": round(sum(losses[:10]) / min(10, len(losses)), 4),
         "loss_last_10": round(sum(losses[-10:]) / min(10, len(losses)), 4),
         "fit_s": round(time.perf_counter() - start, 1),
     }
+
+
+def _validate(model, tok, judge_cfg, val: list[dict], folder: Path) -> tuple[float, float, int]:
+    """(agreement with the rule, balanced agreement, unparsed replies) of the model saved to
+    ``folder``, read through the judge exactly as self-play builds it."""
+    from nemo_azr.rewards.judge import build_judge, parse_judge_score
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    judge_cfg.model_path = str(folder)
+    fitted = build_judge(judge_cfg, policy_backend=None, tokenizer=None)
+    outputs = fitted.backend.generate(
+        [_request(e["ids"][: -e["reply"]], i) for i, e in enumerate(val)], _greedy(judge_cfg.max_new_tokens)
+    )
+    verdicts = [parse_judge_score(o.samples[0].text if o.samples else "") for o in outputs]
+    right = [v is not None and (v > 0.5) == e["safe"] for e, v in zip(val, verdicts)]
+    agree = sum(right) / max(1, len(val))
+    # Balanced: the rule calls most episodes safe, so a judge that always answers "safe" agrees often
+    # and catches nothing; the mean of the two classes' recalls scores it 0.5.
+    recalls = [
+        sum(r for r, e in zip(right, val) if e["safe"] == cls) / max(1, sum(e["safe"] == cls for e in val))
+        for cls in (True, False)
+    ]
+    return agree, sum(recalls) / 2, sum(v is None for v in verdicts)
 
 
 def _request(prompt_ids: list[int], i: int):
@@ -207,6 +243,15 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="validate every N steps and keep the step with the best balanced agreement with the rule (0: the last)",
+    )
+    parser.add_argument(
+        "--results-name", default="train_judge", help="results file stem under benchmarks/results"
+    )
     args = parser.parse_args()
     if args.episodes_file.is_file():
         rows = [json.loads(line) for line in args.episodes_file.read_text().splitlines() if line.strip()]
@@ -227,7 +272,7 @@ def main() -> None:
         **fit(args, rows),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "train_judge.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (RESULTS / f"{args.results_name}.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
 
