@@ -18,7 +18,7 @@ does instead of prompting alone (a reward model). Its training labels are the ru
    ``--eval-every N`` the judge is validated every N steps (balanced agreement with the rule on
    training-goal episodes held out from the fit) and the best step is the one kept.
 
-    .venv/bin/python benchmarks/train_judge.py --episodes-from outputs/azr_sandbox_smollm2/checkpoints/step_0
+    .venv/bin/python benchmarks/train_judge.py --episodes-from outputs/azr_sandbox_smollm2/checkpoints/step_0 --eval-every 20
     .venv/bin/python benchmarks/judge_agreement.py --overrides absolute_zero.judge.model_path=outputs/judge_sandbox_smollm2 \
         --results-name judge_agreement_trained
 
