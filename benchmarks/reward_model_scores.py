@@ -12,7 +12,7 @@ AUROC of the score for the rule's verdict (0.5: the score does not tell them apa
         --eval outputs/real_model/arithmetic_rm_smollm2/eval_before \\
         --eval outputs/real_model/arithmetic_rm_smollm2/eval_after
 
-Results: ``benchmarks/results/reward_model_scores.{json,md}`` (``--name`` picks another stem).
+Results: ``benchmarks/results/reward_model_scores.{json,md}`` (``--results-name`` picks another stem, as in the other benchmark scripts).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
         "--label", action="append", default=[], help="a name per --eval folder (default: its name)"
     )
     parser.add_argument(
-        "--name", default="reward_model_scores", help="results file stem under benchmarks/results"
+        "--results-name", default="reward_model_scores", help="results file stem under benchmarks/results"
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides naming the experiment and reward model")
     args = parser.parse_args()
@@ -93,7 +93,7 @@ def main() -> None:
         "evals": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (RESULTS / f"{args.results_name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
         "# What the reward model pays for: its scores of right and wrong greedy replies",
         "",
@@ -111,7 +111,7 @@ def main() -> None:
     for label, r in rows.items():
         lines.append(f"| {label} | {r['replies']} | {r['right']} | {f(r['score_right_mean'])} | "
                      f"{f(r['score_wrong_mean'])} | {f(r['auroc'])} |")  # fmt: skip
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.results_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
