@@ -213,9 +213,13 @@ class Checkpointer:
                 shutil.rmtree(p, ignore_errors=True)
 
     def _prune(self) -> None:
+        """Keep the newest ``keep_last`` RL checkpoints. ``step_0`` is only ever the supervised
+        warm-up's (``sft_warmup.save``), the RL start point a before/after evaluation reads, so the
+        rotation never removes it (nor counts it)."""
         if self.keep_last <= 0:
             return
-        for old in self.complete_checkpoints()[: -self.keep_last]:
+        rotated = [p for p in self.complete_checkpoints() if checkpoint_step(p) != 0]
+        for old in rotated[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
 
 

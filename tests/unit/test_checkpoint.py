@@ -29,6 +29,13 @@ def test_save_publishes_complete_folder_and_prunes(tmp_path):
     assert (tmp_path / "step_3" / "COMPLETE").is_file()
 
 
+def test_rotation_keeps_the_warmup_checkpoint(tmp_path):
+    ck = Checkpointer(tmp_path, keep_last=2)
+    for step in (0, 1, 2, 3, 4):
+        ck.save(step, _write_files(10))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_0", "step_3", "step_4"]
+
+
 def test_latest_orders_numerically_and_ignores_incomplete(tmp_path):
     ck = Checkpointer(tmp_path)
     ck.save(9, _write_files(1))
