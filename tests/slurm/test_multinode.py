@@ -237,11 +237,16 @@ def test_a_node_whose_slurmd_dies_fails_the_job_and_it_resumes_when_the_node_ret
         log = job_log(job, logs)
         assert "Node failure on nemo2" in log and "DUE TO NODE FAILURE" in log, log
         # The script's line: Slurm's requeue, named by the node (the ranks stopped on Slurm's
-        # SIGTERM), or the lost ranks (had nemo2's ranks ended first, on their closed output).
+        # SIGTERM), or the lost ranks (had nemo2's ranks ended first, on their closed output). Slurm
+        # SIGKILLs the script KillWait (30 s) after its SIGTERM: on a loaded host the ranks' checkpoint
+        # can take all of it, and the script ends before writing a line after srun's; whatever it
+        # wrote must name the node (test_launcher_render.py checks the naming on its own).
         named = (
             rf"Slurm has requeued job {job} \(node failure: nemo2 not responding\)|lost ranks 2, 3 on nemo2"
         )
-        assert re.search(named, log), log
+        after_srun = log.rsplit("Exited with exit code", 1)[-1]
+        if "nemo-azr-launch:" in after_srun:
+            assert re.search(named, log), log
         complete = [p for p in (out / "checkpoints").glob("step_*") if (p / "COMPLETE").is_file()]
         k = max(int(p.name.removeprefix("step_")) for p in complete)
         assert k >= 4 and verify_checkpoint(out / "checkpoints" / f"step_{k}") is None, log
