@@ -597,7 +597,7 @@ class RewardModelConfig:
     train_steps: int = 200
     train_pairs_per_step: int = 8
     train_lr: float = 1e-5
-    heldout_pairs: int = 100  # scored for accuracy (arithmetic: pairs of the held-out problems)
+    heldout_pairs: int = 100  # scored for accuracy (arithmetic: the held-out problems; a file: whole prompts)
     eval_every: int = 50  # held-out loss and accuracy every N steps, and at the end
     out: str = ""  # where train-rm writes the model; "": <trainer.output_dir>/reward_model
 

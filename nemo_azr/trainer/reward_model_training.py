@@ -4,10 +4,11 @@ The base is ``model.path`` (the tiny model, a preset or an HF folder) with a fre
 classification head (``AutoModelForSequenceClassification``); the loss is Bradley-Terry over the
 pairs (``rewards/reward_model.py``). ``model.backend`` picks who trains it: ``hf`` in one process
 (``models/hf/reward_model.py``) or ``megatron`` at any TP / PP / DP layout under torchrun
-(``models/megatron/reward_model.py``); both write the same kind of folder. Pairs come as the preference runs read them: a JSONL file
-(``preference.pairs_path``; the last ``reward_model.heldout_pairs`` after a seeded shuffle are held
-out) or generated from the arithmetic task (training problems to train on, the held-out split's
-problems to measure on). Held-out loss and accuracy are logged every ``reward_model.eval_every``
+(``models/megatron/reward_model.py``); both write the same kind of folder. Pairs come as the
+preference runs read them: a JSONL file (``preference.pairs_path``; after a seeded shuffle the last
+prompts' pairs, at least ``reward_model.heldout_pairs`` of them, are held out, all pairs of a prompt
+on one side) or generated from the arithmetic task (training problems to train on, the held-out
+split's problems to measure on). Held-out loss and accuracy are logged every ``reward_model.eval_every``
 steps and at the end to ``<out>/metrics.jsonl``; the model, its tokenizer and ``rm_metrics.json``
 are written to a temporary folder that replaces ``<out>`` only when complete, so a crash leaves the
 previous model (or none), never half of one. Training is short (minutes) and restarts from the
@@ -21,6 +22,7 @@ import os
 import random
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -39,13 +41,35 @@ from nemo_azr.tasks import build_task
 from nemo_azr.tasks.preference_data import PreferencePair, arithmetic_pairs, load_pairs_jsonl
 from nemo_azr.utils.seeding import seed_everything
 
-__all__ = ["reward_model_output_dir", "train_reward_model"]
+__all__ = ["reward_model_output_dir", "split_by_prompt", "train_reward_model"]
 
 Progress = Callable[[str], None]
 
 
 def reward_model_output_dir(cfg: NemoAzrConfig) -> Path:
     return Path(cfg.reward_model.out or Path(cfg.trainer.output_dir) / "reward_model").expanduser()
+
+
+def split_by_prompt(
+    pairs: list[PreferencePair], heldout: int
+) -> tuple[list[PreferencePair], list[PreferencePair]]:
+    """(training pairs, held-out pairs): the last prompts of ``pairs`` until at least ``heldout`` pairs.
+
+    Every pair of a held-out prompt is held out, so no prompt is both trained on and measured on
+    (pairs sampled in two rounds from one problem set repeat prompts). With one pair per prompt this
+    is the last ``heldout`` pairs.
+    """
+    per_prompt = Counter(p.prompt for p in pairs)
+    held_prompts: set[str] = set()
+    count = 0
+    for pair in reversed(pairs):
+        if count >= heldout:
+            break
+        if pair.prompt not in held_prompts:
+            held_prompts.add(pair.prompt)
+            count += per_prompt[pair.prompt]
+    train = [p for p in pairs if p.prompt not in held_prompts]
+    return train, [p for p in pairs if p.prompt in held_prompts]
 
 
 def _pair_sets(cfg: NemoAzrConfig) -> tuple[list[PreferencePair], list[PreferencePair], Task | None]:
@@ -59,12 +83,13 @@ def _pair_sets(cfg: NemoAzrConfig) -> tuple[list[PreferencePair], list[Preferenc
             )
         pairs = load_pairs_jsonl(pref.pairs_path)
         random.Random(cfg.seed).shuffle(pairs)
-        if len(pairs) <= rm.heldout_pairs:
+        train, held_out = split_by_prompt(pairs, rm.heldout_pairs)
+        if not train:
             raise DataError(
                 f"{pref.pairs_path}: {len(pairs)} pairs leave none to train on after reward_model.heldout_pairs="
                 f"{rm.heldout_pairs} held out"
             )
-        return pairs[: -rm.heldout_pairs], pairs[-rm.heldout_pairs :], None
+        return train, held_out, None
     if cfg.data.task != "arithmetic":
         raise DataError(
             f"nemo-azr train-rm needs pairs: preference.pairs_path=FILE.jsonl, or data.task=arithmetic "

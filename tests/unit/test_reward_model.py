@@ -204,3 +204,27 @@ def test_per_token_scores_need_the_policys_vocabulary(rm_folder, tmp_path):
     grown.save_pretrained(other)
     with pytest.raises(ConfigError, match="has another vocabulary"):
         build_reward_scorer(RewardModelConfig(path=str(other), per_token=True), "cpu", tok)
+
+
+def test_held_out_pairs_take_every_pair_of_their_prompts():
+    from nemo_azr.tasks.preference_data import PreferencePair
+    from nemo_azr.trainer.reward_model_training import split_by_prompt
+
+    def pair(i: int, prompt: str) -> PreferencePair:
+        return PreferencePair(id=f"p{i}", prompt=prompt, chosen="right", rejected="wrong")
+
+    # prompts a, b, c with 2, 1 and 2 pairs, in shuffled order
+    pairs = [pair(0, "a"), pair(1, "c"), pair(2, "b"), pair(3, "a"), pair(4, "c")]
+    # the last pair's prompt (c) brings its other pair along: 2 held out for 1 asked
+    train, held = split_by_prompt(pairs, 1)
+    assert [p.id for p in held] == ["p1", "p4"] and [p.id for p in train] == ["p0", "p2", "p3"]
+    # 3 asked: c (2 pairs), then a (the next prompt from the end, 2 more): 4 held out, b trains
+    train, held = split_by_prompt(pairs, 3)
+    assert {p.prompt for p in held} == {"a", "c"} and [p.id for p in train] == ["p2"]
+    assert not {p.prompt for p in train} & {p.prompt for p in held}
+    # one pair per prompt: exactly the last `heldout` pairs, as before
+    single = [pair(i, f"q{i}") for i in range(6)]
+    train, held = split_by_prompt(single, 2)
+    assert [p.id for p in held] == ["p4", "p5"] and len(train) == 4
+    # asking for every pair leaves nothing to train on
+    assert split_by_prompt(pairs, 5)[0] == []
