@@ -15,6 +15,7 @@ from nemo_azr.algorithms.advantages import EstimatorFn
 from nemo_azr.config.schema import AlgorithmConfig
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.batch import Batch
+from nemo_azr.contracts.schema import STEP_ROLE_ADVANTAGE_SCALES
 from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.registry import ADVANTAGE_ESTIMATORS
 
@@ -26,7 +27,8 @@ def role_split_estimator(
 
     ``scales[role]`` (default 1.0) multiplies that role's advantages after its estimator ran: with
     one shared model and one learning rate it sets how fast each role's policy moves (the returns a
-    critic learns from are left as they are)."""
+    critic learns from are left as they are). A batch may carry a step's own factors on top
+    (``batch.info[STEP_ROLE_ADVANTAGE_SCALES]``, e.g. the solver gate's 0 on a held-back step)."""
     fns = {role: ADVANTAGE_ESTIMATORS.get(name) for role, name in estimators.items()}
     scales = dict(scales or {})
     unknown_scaled = sorted(set(scales) - set(fns))
@@ -52,13 +54,15 @@ def role_split_estimator(
             )
         advantages = torch.zeros(batch[F.LOSS_MASK].shape, dtype=torch.float32)
         returns = None
+        step_scales = batch.info.get(STEP_ROLE_ADVANTAGE_SCALES, {})
         for role, fn in fns.items():
             rows = [i for i, r in enumerate(roles) if r == role]
             if not rows:
                 continue
             adv, ret = fn(batch.index(rows), cfg)
             index = torch.as_tensor(rows, dtype=torch.long)
-            advantages[index] = adv.to(advantages.dtype) * float(scales.get(role, 1.0))
+            scale = float(scales.get(role, 1.0)) * float(step_scales.get(role, 1.0))
+            advantages[index] = adv.to(advantages.dtype) * scale
             if ret is not None:
                 returns = torch.zeros_like(advantages) if returns is None else returns
                 returns[index] = ret.to(returns.dtype)

@@ -510,6 +510,9 @@ class AbsoluteZeroConfig:
     solver_gate_learnable_ratio: float = 0.0
     solver_gate_decay: float = 0.7  # weight of the past in that moving average, in [0, 1)
     solver_gate_max_consecutive: int = 0  # > 0: at most this many solver-trained steps in a row
+    # a held-back step's solver rows: "drop" (the proposer's rows alone) | "kl_only" (kept with zero
+    # advantages, so the KL term holds the solver to its reference while the proposer trains)
+    solver_gate_closed: str = "drop"
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"

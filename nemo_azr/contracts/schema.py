@@ -25,6 +25,10 @@ OLD_LOGPROBS_FROM_UPDATE = "old_logprobs_from_update"
 #: rollout was to train on (self-play: 1 when its question group reached the learnability band). A
 #: curriculum prompt loader (``data.curriculum=feedback``) samples prompts by it.
 PROMPT_FEEDBACK = "prompt_feedback"
+#: ``batch.info`` entry a workflow may set: ``{role: factor}``, this step's extra multiplier on a role's
+#: advantages (per-role estimators only; the run's own scales still apply). 0 keeps the role's rows in
+#: the update with no policy-gradient term, so only the KL term moves them (self-play's solver gate).
+STEP_ROLE_ADVANTAGE_SCALES = "step_role_advantage_scales"
 
 
 @dataclass(frozen=True)

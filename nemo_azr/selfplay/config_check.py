@@ -7,6 +7,7 @@ from nemo_azr.config.checks import one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
 
 EVALUATOR_TYPES = ("llm", "rule")
+SOLVER_GATE_CLOSED = ("drop", "kl_only")  # what a held-back step does with the solver's rows
 SELFPLAY_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "trr_plus_plus", "gae")
 
 
@@ -65,6 +66,7 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         az.solver_gate_max_consecutive >= 0,
         f"absolute_zero.solver_gate_max_consecutive must be >= 0 (0 = no cap), got {az.solver_gate_max_consecutive}",
     )
+    one_of("absolute_zero.solver_gate_closed", az.solver_gate_closed, SOLVER_GATE_CLOSED)
     require(
         az.proposer_references >= 0 and az.proposer_reference_buffer >= 1,
         "absolute_zero.proposer_references must be >= 0 (0 = off) and proposer_reference_buffer >= 1, "

@@ -25,7 +25,7 @@ from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.capabilities import KeysQuestions
 from nemo_azr.contracts.generation import GenerationBackend, SamplingParams
-from nemo_azr.contracts.schema import PROMPT_FEEDBACK
+from nemo_azr.contracts.schema import PROMPT_FEEDBACK, STEP_ROLE_ADVANTAGE_SCALES
 from nemo_azr.contracts.task import Example, Task
 from nemo_azr.envs.base import ProposalDomain
 from nemo_azr.registry import WORKFLOWS
@@ -154,7 +154,9 @@ class AbsoluteZeroWorkflow:
         metrics.update(filter_metrics(final))
         metrics.update(harm_metrics(final))
         metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
-        if not train_solver:  # the gate holds the solver back: this step trains the proposer alone
+        if not train_solver and az.solver_gate_closed == "kl_only":  # held back: only its KL term trains
+            batch.info[STEP_ROLE_ADVANTAGE_SCALES] = {Role.SOLVER.value: 0.0}
+        elif not train_solver:  # the gate holds the solver back: this step trains the proposer alone
             batch = batch.index([i for i, role in enumerate(batch[F.ROLE]) if role != Role.SOLVER.value])
         if self.solver_gate.enabled:
             metrics["solver_gate/learnable_ratio_avg"] = float(self.solver_gate.average or 0.0)

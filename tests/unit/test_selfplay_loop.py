@@ -13,9 +13,11 @@ from nemo_azr.algorithms.per_role import role_split_estimator
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.generation import SamplingParams
+from nemo_azr.contracts.schema import STEP_ROLE_ADVANTAGE_SCALES
 from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.selfplay import AbsoluteZeroWorkflow
+from nemo_azr.selfplay.config_check import check_absolute_zero_config
 from tests.unit.selfplay_fakes import (
     LOGPROB,
     OBSERVATION,
@@ -338,6 +340,35 @@ def test_solver_gate_drops_the_solver_rows_while_the_average_first_pass_ratio_is
         assert sorted(p for p, r in zip(b[F.PROMPT_ID], b[F.ROLE]) if r == "proposer") == ["A", "B"]
     assert batches[1].info["absolute_zero"]["proposer_rewards"] == {"A": -0.5, "B": 1.0}
     assert len(batches[1]) == 2 and batches[1][F.REWARDS].shape[0] == 2
+
+
+def test_a_kl_only_gate_keeps_the_solver_rows_with_zero_advantages(tokenizer):
+    # the same three steps as above: step 2 holds the solver back
+    plans = {"A": [ALL_LEARNABLE, NONE_LEARNABLE, ALL_LEARNABLE], "B": [MIXED, MIXED, MIXED]}
+    gate = {"solver_gate_learnable_ratio": 0.6, "solver_gate_decay": 0.5, "max_repropose_attempts": 0}
+    _, dropped = run_steps(tokenizer, plans, 3, **gate)
+    _, kept = run_steps(tokenizer, plans, 3, solver_gate_closed="kl_only", **gate)
+    assert [b.info["metrics"]["solver_gate/solver_trained"] for b in kept] == [1.0, 0.0, 1.0]
+    assert [sum(r == "solver" for r in b[F.ROLE]) for b in kept] == [N, N, N]  # nothing dropped
+    assert [STEP_ROLE_ADVANTAGE_SCALES in b.info for b in kept] == [False, True, False]
+    estimator = role_split_estimator(
+        {"solver": "grpo", "proposer": "grpo"}, {"solver": 0.25, "proposer": 2.0}
+    )
+    cfg = make_cfg()
+    adv, _ = estimator(kept[1], cfg.algorithm)
+    solver = [i for i, r in enumerate(kept[1][F.ROLE]) if r == "solver"]
+    proposer = [i for i, r in enumerate(kept[1][F.ROLE]) if r == "proposer"]
+    assert (adv[solver] == 0).all()  # B's question: its harm rewards differ, yet no gradient
+    # the proposer rows get what they get with the solver rows dropped (B: -0.5 vs A's 1.0)
+    adv_dropped, _ = estimator(dropped[1], cfg.algorithm)
+    assert torch.equal(
+        adv[proposer], adv_dropped[[i for i, r in enumerate(dropped[1][F.ROLE]) if r == "proposer"]]
+    )
+    assert adv[proposer].abs().sum() > 0
+    # an open step is untouched: the same advantages as with the drop mode
+    assert torch.equal(estimator(kept[0], cfg.algorithm)[0], estimator(dropped[0], cfg.algorithm)[0])
+    with pytest.raises(ConfigError, match="solver_gate_closed"):
+        check_absolute_zero_config(make_cfg(solver_gate_closed="freeze"))
 
 
 def test_solver_gate_off_trains_the_solver_every_step(tokenizer):
