@@ -67,6 +67,12 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         f"absolute_zero.solver_gate_max_consecutive must be >= 0 (0 = no cap), got {az.solver_gate_max_consecutive}",
     )
     one_of("absolute_zero.solver_gate_closed", az.solver_gate_closed, SOLVER_GATE_CLOSED)
+    kl = cfg.algorithm.kl
+    require(
+        az.solver_gate_closed != "kl_only" or (kl.coef > 0 and kl.mode == "loss"),
+        "absolute_zero.solver_gate_closed=kl_only keeps a held-back solver's rows for their KL term, which "
+        f"needs algorithm.kl.coef > 0 and algorithm.kl.mode=loss (got coef {kl.coef}, mode {kl.mode})",
+    )
     require(
         az.proposer_references >= 0 and az.proposer_reference_buffer >= 1,
         "absolute_zero.proposer_references must be >= 0 (0 = off) and proposer_reference_buffer >= 1, "

@@ -369,6 +369,11 @@ def test_a_kl_only_gate_keeps_the_solver_rows_with_zero_advantages(tokenizer):
     assert torch.equal(estimator(kept[0], cfg.algorithm)[0], estimator(dropped[0], cfg.algorithm)[0])
     with pytest.raises(ConfigError, match="solver_gate_closed"):
         check_absolute_zero_config(make_cfg(solver_gate_closed="freeze"))
+    no_kl = make_cfg(solver_gate_closed="kl_only")  # the KL coefficient defaults to 0: nothing would hold it
+    with pytest.raises(ConfigError, match="kl.coef > 0"):
+        check_absolute_zero_config(no_kl)
+    no_kl.algorithm.kl.coef = 0.1
+    check_absolute_zero_config(no_kl)
 
 
 def test_solver_gate_off_trains_the_solver_every_step(tokenizer):
