@@ -122,8 +122,7 @@ def compare_paired(loss_type: str, pairs: int, length: int, beta: float, seed: i
     theirs.backward()
 
     ours_in = logps.clone().requires_grad_(True)
-    seq = ours_in.sum(1)
-    ref_seq = ref
+    seq, ref_seq = ours_in.sum(1), ref
     if loss_type == "ipo":  # TRL's per-token normalisation, applied to both log-probs of the ratio
         count = mask.sum(1).clamp(min=1.0)
         seq, ref_seq = seq / count, ref / count

@@ -154,10 +154,11 @@ class AbsoluteZeroWorkflow:
         metrics.update(filter_metrics(final))
         metrics.update(harm_metrics(final))
         metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
-        if not train_solver and az.solver_gate_closed == "kl_only":  # held back: only its KL term trains
-            batch.info[STEP_ROLE_ADVANTAGE_SCALES] = {Role.SOLVER.value: 0.0}
-        elif not train_solver:  # the gate holds the solver back: this step trains the proposer alone
-            batch = batch.index([i for i, role in enumerate(batch[F.ROLE]) if role != Role.SOLVER.value])
+        if not train_solver:  # the gate holds the solver back this step
+            if az.solver_gate_closed == "kl_only":  # its rows stay for their KL term, with no gradient
+                batch.info[STEP_ROLE_ADVANTAGE_SCALES] = {Role.SOLVER.value: 0.0}
+            else:  # the proposer's rows alone
+                batch = batch.index([i for i, role in enumerate(batch[F.ROLE]) if role != Role.SOLVER.value])
         if self.solver_gate.enabled:
             metrics["solver_gate/learnable_ratio_avg"] = float(self.solver_gate.average or 0.0)
             metrics["solver_gate/solver_trained"] = float(train_solver)
