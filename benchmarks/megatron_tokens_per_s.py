@@ -80,11 +80,12 @@ def synthetic_batch(vocab: int, rows: int, prompt_len: int, response_len: int):
     return batch
 
 
-def config(model_dir: Path, backend: str, dtype: str, micro: int):
+def config(model_dir: Path, backend: str, dtype: str, micro: int, logprob_micro: int = 0):
     from nemo_azr.preflight import load_config
 
     return load_config(
         [
+            f"algorithm.logprob_micro_batch_size={logprob_micro}",
             f"model.backend={backend}",
             f"model.path={model_dir}",
             f"model.dtype={dtype}",
@@ -134,7 +135,7 @@ def measure(backend: str, model_dir: Path, batch, args) -> dict:
 
     if backend == "megatron":
         import nemo_azr.models.megatron  # noqa: F401  (registers the backend)
-    cfg = config(model_dir, backend, args.dtype, args.micro_batch_size)
+    cfg = config(model_dir, backend, args.dtype, args.micro_batch_size, args.logprob_micro_batch_size)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy = POLICY_BACKENDS.get(backend)(model_dir, cfg, trainable=True, device=device)
     policy.setup_optimizer(total_steps=args.warmup + args.steps)
@@ -179,6 +180,12 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--response-len", type=int, default=768)
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument(
+        "--logprob-micro-batch-size",
+        type=int,
+        default=0,
+        help="algorithm.logprob_micro_batch_size: rows per no-grad log-prob forward (0: the micro-batch)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--dtype", default="bfloat16")
@@ -232,9 +239,11 @@ def main() -> None:
     (out / "megatron_tokens_per_s.md").write_text(
         f"# RL update tokens/s, {'tiny smoke' if args.tiny else 'Qwen2-0.5B-shaped'} model, one process\n\n"
         f"Date (UTC): {record['date']}  \nDevice: {device}, torch {torch.__version__}, {args.dtype}  \n"
-        f"Command: `python benchmarks/megatron_tokens_per_s.py{' --tiny' if args.tiny else ''}`\n\n"
+        f"Command: `python benchmarks/megatron_tokens_per_s.py {' '.join(sys.argv[1:])}`\n\n"
         f"{args.rows} rows of {args.prompt_len} prompt + up to {args.response_len} response tokens; "
-        f"micro-batch {args.micro_batch_size}; median of {args.steps} steps after {args.warmup} warm-up.\n\n"
+        f"micro-batch {args.micro_batch_size}"
+        f"{f', log-prob micro-batch {args.logprob_micro_batch_size}' if args.logprob_micro_batch_size else ''}"
+        f"; median of {args.steps} steps after {args.warmup} warm-up.\n\n"
         "| backend | update step s | trained tok/s | processed tok/s | log-prob forward tok/s | peak GiB |\n"
         "| --- | --- | --- | --- | --- | --- |\n"
         f"{rows}\n\n"

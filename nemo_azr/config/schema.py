@@ -179,6 +179,9 @@ class AlgorithmConfig:
     # > 0 forms micro-batches by a token budget instead of micro_batch_size rows (rows x width
     # padded, real tokens packed); hf and megatron; exact gradient accumulation (docs/throughput.md).
     max_tokens_per_microbatch: int = 0
+    # > 0: rows per forward of the no-grad passes (old / reference log-probs, values), in place of
+    # micro_batch_size and the token budget there: they keep no activations, so more rows fit.
+    logprob_micro_batch_size: int = 0
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
     # Reweight the policy-gradient loss by pi_old / pi_rollout (the generation engine's log-probs):
     # none | tis (truncated at is_cap) | mis (0 above is_cap); per token or per sequence (docs/throughput.md).

@@ -13,6 +13,11 @@ def check_throughput_config(cfg: NemoAzrConfig, megatron: bool) -> None:
         alg.max_tokens_per_microbatch >= 0,
         f"algorithm.max_tokens_per_microbatch must be >= 0 (0: micro_batch_size rows), got {alg.max_tokens_per_microbatch}",
     )
+    require(
+        alg.logprob_micro_batch_size >= 0,
+        "algorithm.logprob_micro_batch_size must be >= 0 (0: the training micro-batches), "
+        f"got {alg.logprob_micro_batch_size}",
+    )
     # Packed (thd) sequences need TransformerEngine's attention; megatron's local one refuses them
     # (docs/decisions.md). Token-budget micro-batches work on both backends.
     require(

@@ -155,7 +155,8 @@ class AbsoluteZeroWorkflow:
         metrics.update(harm_metrics(final))
         metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
         if not train_solver:  # the gate holds the solver back this step
-            if az.solver_gate_closed == "kl_only":  # its rows stay, zero advantages: only their KL term trains them
+            # kl_only: its rows stay with zero advantages, so only their KL term trains them
+            if az.solver_gate_closed == "kl_only":
                 batch.info[STEP_ROLE_ADVANTAGE_SCALES] = {Role.SOLVER.value: 0.0}
             else:  # the proposer's rows alone
                 batch = batch.index([i for i, role in enumerate(batch[F.ROLE]) if role != Role.SOLVER.value])

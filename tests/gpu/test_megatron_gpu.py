@@ -128,7 +128,7 @@ def test_grpo_steps_on_cuda_bf16(model_dir, tmp_path, extra):
     from nemo_azr.trainer.metrics import read_metrics
 
     records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [0, 1]
+    assert [r["step"] for r in records] == [1, 2]  # steps count from 1
     for record in records:
         for key in ("actor/loss", "actor/grad_norm", "reward/mean"):
             assert math.isfinite(record[key]), (key, record)

@@ -190,6 +190,29 @@ def test_gradient_accumulation_equals_one_big_micro_batch(tiny_model_path, setup
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
 
 
+def test_logprob_micro_batch_size_sets_the_no_grad_forwards_only(tiny_model_path, setup, monkeypatch):
+    """algorithm.logprob_micro_batch_size: the old/ref log-prob pass runs that many rows per forward
+    (12 rows: 2 forwards of 8, not 6 of 2) with the same log-probs; training micro-batches unchanged."""
+    _cfg, tok, _policy, _backend, prompts = setup
+    batch = _rl_batch(tok, prompts, seed=5)
+    out = {}
+    for logprob_rows in (0, 8):
+        cfg = NemoAzrConfig()
+        cfg.algorithm.micro_batch_size = 2
+        cfg.algorithm.logprob_micro_batch_size = logprob_rows
+        pol = HFPolicy(tiny_model_path, cfg, trainable=True)
+        forwards = []
+        forward = pol.token_logprobs
+        monkeypatch.setattr(
+            pol, "token_logprobs", lambda b, f=forwards, fw=forward, **k: f.append(len(b)) or fw(b, **k)
+        )
+        out[logprob_rows] = (pol.compute_logprobs(batch), forwards)
+        assert [len(m.batch) for m in pol.micro_batches(batch)] == [2] * 6
+    assert out[0][1] == [2] * 6 and out[8][1] == [8, 4]
+    torch.testing.assert_close(out[8][0], out[0][0], rtol=0, atol=1e-6)
+    assert torch.count_nonzero(out[8][0]) == int((batch["loss_mask"][:, 1:] > 0).sum())
+
+
 def test_on_policy_update_without_old_logprobs_matches_explicit_pass(tiny_model_path, setup):
     """A single on-policy step may take old log-probs from its own forward: same gradients."""
     _cfg, tok, _policy, _backend, prompts = setup

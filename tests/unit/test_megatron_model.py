@@ -101,6 +101,51 @@ def test_token_logprobs_match_hf_on_padded_batch(pair):
     assert torch.count_nonzero(got[batch["attention_mask"] == 0]) == 0
 
 
+def test_target_mask_runs_the_head_on_the_masked_columns_only(pair, monkeypatch):
+    """``target_mask`` (the response tokens): the same values as the full pass there, 0 elsewhere,
+    and only those positions reach the output head and the log-prob kernel."""
+    import nemo_azr.models.megatron.logprobs as mlp
+
+    hf, model = pair
+    batch = padded_batch(hf.config.vocab_size)
+    mask = batch["loss_mask"]
+    seen = []
+    kernel = mlp.linear_token_logprobs
+    monkeypatch.setattr(
+        mlp, "linear_token_logprobs", lambda h, *a, **k: seen.append(len(h)) or kernel(h, *a, **k)
+    )
+    with torch.no_grad():
+        full = megatron_token_logprobs(
+            model, batch["input_ids"], batch["attention_mask"], batch["position_ids"]
+        )
+        got = megatron_token_logprobs(
+            model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], target_mask=mask
+        )
+    torch.testing.assert_close(got, full * mask, atol=ATOL, rtol=0)
+    assert torch.count_nonzero(got[mask == 0]) == 0
+    # rows (4+3, 1+6, 6+0 tokens): 6 + 6 + 5 targets in all; 3 + 6 + 0 response tokens
+    assert seen == [17, 9] and int(mask.sum()) == 9
+
+
+def test_trimmed_micro_batch_ends_at_its_last_target():
+    """A token-budget micro-batch keeps the columns up to its last wanted target (a causal model's
+    later columns change none of them); with every real token wanted that is its longest row."""
+    from nemo_azr.models.megatron.logprobs import compact_rows, take_rows
+
+    ids = torch.arange(1, 13).view(2, 6)
+    attn = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0]])
+    wanted = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 0, 0]])
+    every = take_rows(compact_rows(ids, attn), torch.tensor([0, 1]), trim=True)
+    assert every.input_ids.shape == (2, 6)
+    some = take_rows(compact_rows(ids, attn, target_mask=wanted), torch.tensor([0, 1]), trim=True)
+    assert some.input_ids.tolist() == [[1, 2, 3, 4], [9, 10, 11, 0]]
+    assert some.targets.tolist() == [[False, True, True], [True, False, False]]
+    none = take_rows(
+        compact_rows(ids, attn, target_mask=torch.zeros_like(wanted)), torch.tensor([1]), trim=True
+    )
+    assert none.input_ids.shape == (1, 1) and none.targets.shape == (1, 0)
+
+
 def test_token_logprobs_gradient_matches_hf(pair):
     """Without pipeline parallelism the log-probs are differentiable (the training path)."""
     hf, model = pair

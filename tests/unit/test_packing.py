@@ -136,6 +136,7 @@ def test_packing_rejects_positions_that_do_not_count_from_zero(tiny_cache, tiny_
     ("overrides", "match"),
     [
         (["algorithm.max_tokens_per_microbatch=-1"], "max_tokens_per_microbatch must be >= 0"),
+        (["algorithm.logprob_micro_batch_size=-2"], "logprob_micro_batch_size must be >= 0"),
         (
             ["model.backend=megatron", "model.sequence_packing=true"],
             "sequence_packing=true is for model.backend=hf: megatron runs packed sequences only with "

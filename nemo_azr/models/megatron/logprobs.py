@@ -84,11 +84,14 @@ def compact_rows(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor | None = None,
     pad_id: int = 0,
+    target_mask: torch.Tensor | None = None,
 ) -> CompactBatch:
     """Move each row's real tokens (``attention_mask`` 1) to the front, keeping their order.
 
     ``position_ids`` (if given) must count each row's real tokens from 0, which is what the model
-    then uses; anything else raises ValueError.
+    then uses; anything else raises ValueError. ``target_mask`` ``[B, T]`` (if given) keeps only the
+    targets whose column is 1 in it (e.g. the response tokens): the output head and the log-prob
+    kernel then run on those positions only, as the ``hf`` backend's do.
     """
     real = attention_mask.bool()
     order = torch.sort((~real).to(torch.int8), dim=1, stable=True).indices
@@ -105,6 +108,8 @@ def compact_rows(
             )
     ids = input_ids.gather(1, order).masked_fill(~in_row, pad_id)[:, :width]
     targets = in_row[:, 1:width]
+    if target_mask is not None:
+        targets = targets & (target_mask.to(ids.device).gather(1, order)[:, 1:width] > 0)
     return CompactBatch(input_ids=ids, order=order, targets=targets, width=input_ids.shape[1])
 
 
@@ -262,8 +267,9 @@ def take_rows(batch: CompactBatch, rows: torch.Tensor, *, trim: bool, multiple: 
     """Rows ``rows`` of ``batch``; with ``trim`` only the columns of their longest row, right-padded
     to a multiple of ``multiple`` (sequence parallelism splits the columns evenly)."""
     ids, targets = batch.input_ids[rows], batch.targets[rows]
-    if trim:  # a row of n real tokens has n - 1 targets
-        width = int(targets.sum(dim=1).max()) + 1
+    if trim:  # up to the last target of any row: the columns after it change no wanted value
+        wanted = targets.any(dim=0).nonzero()
+        width = int(wanted.max()) + 2 if len(wanted) else 1
         ids, targets = ids[:, :width], targets[:, : width - 1]
     return pad_columns(CompactBatch(ids, batch.order[rows], targets, batch.width), multiple)
 
@@ -421,6 +427,7 @@ def _compact_input(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor | None,
+    target_mask: torch.Tensor | None = None,
 ) -> tuple[list[torch.nn.Module], torch.nn.Module, CompactBatch]:
     """(the chunks, the first unwrapped stage, the compacted rows on its device, padded for
     sequence parallelism)."""
@@ -433,6 +440,7 @@ def _compact_input(
         input_ids.to(device),
         attention_mask.to(device),
         None if position_ids is None else position_ids.to(device),
+        target_mask=target_mask,
     )
     if first.config.sequence_parallel:
         batch = pad_columns(batch, ps.get_tensor_model_parallel_world_size())
@@ -459,6 +467,7 @@ def megatron_token_logprobs(
     micro_batch_size: int | None = None,
     max_tokens: int = 0,
     return_entropy: bool = False,
+    target_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """float32 ``logprobs[B, T]`` of ``input_ids`` under this rank's megatron model (see module doc);
     with ``return_entropy`` also the entropies ``[B, T]`` in the same columns (one stage only: the
@@ -468,10 +477,11 @@ def megatron_token_logprobs(
     parallelism the result is differentiable; with it the forward runs in ``micro_batch_size``-row
     micro-batches (default: the whole batch), or token-budget ones of at most ``max_tokens``
     (rows x width, when > 0), through megatron's schedule, without gradients.
+    ``target_mask`` ``[B, T]``: compute only the columns where it is 1 (the others are 0).
     """
     from megatron.core import parallel_state as ps
 
-    chunks, first, batch = _compact_input(model, input_ids, attention_mask, position_ids)
+    chunks, first, batch = _compact_input(model, input_ids, attention_mask, position_ids, target_mask)
     width = input_ids.shape[1]
     if ps.get_pipeline_model_parallel_world_size() == 1 and len(chunks) == 1:
         values = _forward_stage_local(first, batch, temperature, chunk_size, backend, return_entropy)

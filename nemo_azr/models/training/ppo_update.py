@@ -93,15 +93,16 @@ class PPOUpdateMixin:
     def micro_batch_rows(self) -> int:
         return self.cfg.algorithm.micro_batch_size
 
-    def micro_batches(self, batch: Batch) -> list[MicroBatch]:
+    def micro_batches(self, batch: Batch, *, no_grad: bool = False) -> list[MicroBatch]:
         """``batch`` in forward/backward pieces: ``micro_batch_rows()`` rows each, or by the token
-        budget ``algorithm.max_tokens_per_microbatch`` (models/training/microbatch.py)."""
-        return micro_batches(
-            batch,
-            rows=self.micro_batch_rows(),
-            max_tokens=self.cfg.algorithm.max_tokens_per_microbatch,
-            packed=self.cfg.model.sequence_packing,
-        )
+        budget ``algorithm.max_tokens_per_microbatch`` (models/training/microbatch.py). ``no_grad``
+        (old / reference log-probs, values): ``algorithm.logprob_micro_batch_size`` rows each when
+        it is set, since a pass that keeps no activations fits more rows and launches fewer kernels."""
+        alg = self.cfg.algorithm
+        rows, max_tokens = self.micro_batch_rows(), alg.max_tokens_per_microbatch
+        if no_grad and alg.logprob_micro_batch_size > 0:
+            rows, max_tokens = alg.logprob_micro_batch_size, 0
+        return micro_batches(batch, rows=rows, max_tokens=max_tokens, packed=self.cfg.model.sequence_packing)
 
     @torch.no_grad()
     def no_grad_pass(
@@ -119,7 +120,7 @@ class PPOUpdateMixin:
                 if skip_untrained and _untrained(micro.batch)
                 else per_token(micro.batch),
             )
-            for micro in self.micro_batches(batch)
+            for micro in self.micro_batches(batch, no_grad=True)
         ]
         self.model.train(was_training)
         return gather_micro_outputs(parts, len(batch), batch.seq_len)
