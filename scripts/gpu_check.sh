@@ -15,7 +15,8 @@
 # GPU_E2E_NAME its results name, GPU_E2E_EXTRA adds overrides), shared_prefix, tests (GPU_TESTS
 # overrides the test list), trtllm, megatron. GPU_DECODE_ARGS / GPU_BENCH_ARGS add arguments to
 # benchmarks/decode.py (e.g. --cases static_graphs static_graphs_grouped --profile) /
-# megatron_tokens_per_s.py (e.g. --profile). All of them take longer than one device call (10 min):
+# megatron_tokens_per_s.py (e.g. --profile, or --logprob-micro-batch-size 32 as in
+# results/megatron_tokens_per_s_h200_round2.md). All of them take longer than one device call (10 min):
 # split them over calls; calls in a row on one machine install the wheels and write the random-weight
 # model once.
 #   device tool: run(command="GPU_CHECK_PACK=1 bash scripts/gpu_check.sh", carry=[".gpu_wheels", ".gpu_model"])

@@ -264,8 +264,9 @@ def pad_rows(batch: CompactBatch, multiple: int) -> CompactBatch:
 
 
 def take_rows(batch: CompactBatch, rows: torch.Tensor, *, trim: bool, multiple: int = 1) -> CompactBatch:
-    """Rows ``rows`` of ``batch``; with ``trim`` only the columns of their longest row, right-padded
-    to a multiple of ``multiple`` (sequence parallelism splits the columns evenly)."""
+    """Rows ``rows`` of ``batch``; with ``trim`` only the columns up to their last target (the
+    longest row when every real token is a target), right-padded to a multiple of ``multiple``
+    (sequence parallelism splits the columns evenly)."""
     ids, targets = batch.input_ids[rows], batch.targets[rows]
     if trim:  # up to the last target of any row: the columns after it change no wanted value
         wanted = targets.any(dim=0).nonzero()
