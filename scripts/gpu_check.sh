@@ -10,7 +10,8 @@
 # weights (benchmarks/random_weights.py). Each step's time limit: GPU_*_TIMEOUT (seconds).
 # GPU_CHECK_PARTS picks the steps (comma-separated; default all): decode (rollout tokens/s, dynamic vs
 # static cache + CUDA graphs, benchmarks/decode.py), kernels (log-prob kernels vs torch and Liger,
-# benchmarks/kernels_gpu.py; carry liger-kernel's wheel in .gpu_wheels), update (the update on a
+# benchmarks/kernels_gpu.py, their device time and the stats kernel's variants; carry liger-kernel's
+# wheel in .gpu_wheels), update (the update on a
 # long-tailed batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list,
 # GPU_E2E_NAME its results name, GPU_E2E_EXTRA adds overrides), shared_prefix, tests (GPU_TESTS
 # overrides the test list), trtllm, megatron. GPU_DECODE_ARGS / GPU_BENCH_ARGS add arguments to
@@ -82,6 +83,10 @@ fi
 if part kernels; then
   timeout "${GPU_KERNELS_TIMEOUT:-300}" python3 benchmarks/kernels_gpu.py > "$OUT/kernels.log" 2>&1 || status=1
   cp benchmarks/results/kernels_gpu.* "$OUT/" 2>/dev/null
+  # the pass's kernel time by the profiler, and the stats kernel's variants side by side
+  # (results/stats_kernel_variants.md)
+  timeout 120 python3 benchmarks/kernel_device_time.py >> "$OUT/kernels.log" 2>&1 || status=1
+  OUT="$OUT" timeout 180 python3 benchmarks/stats_kernel_variants.py >> "$OUT/kernels.log" 2>&1 || status=1
   tail -n 40 "$OUT/kernels.log"
 fi
 
