@@ -6,6 +6,9 @@ from __future__ import annotations
 import math
 import resource
 
+import torch
+
+from nemo_azr.algorithms.kl import kl_penalty
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import RewardError
@@ -33,6 +36,28 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         "batch/tokens": float(mask.sum()),
         "batch/prompt_tokens": float(batch[F.ATTENTION_MASK].sum() - mask.sum()),
     }
+
+
+def role_kl_metrics(batch: Batch, estimator: str) -> dict[str, float]:
+    """``kl_to_ref/<role>``: the mean per-token KL estimate (``estimator``, the run's ``algorithm.kl``
+    one) from the policy that sampled the rows to the reference, over each role's trained tokens.
+
+    The loss's ``actor/kl_loss`` averages every row, so in a self-play batch it cannot say which role
+    moved. The sampling policy's log-probs are the trainer's old ones, or the generation engine's when
+    the update makes its own (a single on-policy step). Empty without roles or reference log-probs.
+    """
+    roles = batch.get(F.ROLE)
+    policy = batch.get(F.OLD_LOGPROBS, batch.get(F.ROLLOUT_LOGPROBS))
+    if roles is None or policy is None or F.REF_LOGPROBS not in batch:
+        return {}
+    kl = kl_penalty(policy.float(), batch[F.REF_LOGPROBS].float(), estimator)
+    trained = batch[F.LOSS_MASK] > 0
+    out = {}
+    for role in sorted(set(roles)):
+        mask = trained & torch.tensor([r == role for r in roles])[:, None]
+        if mask.any():
+            out[f"kl_to_ref/{role}"] = float(kl[mask].mean())
+    return out
 
 
 def policy_step_flops(

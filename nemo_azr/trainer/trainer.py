@@ -88,6 +88,7 @@ from nemo_azr.trainer.step_metrics import (
     finite_loss,
     peak_rss_gb,
     policy_step_flops,
+    role_kl_metrics,
 )
 from nemo_azr.utils.atomic_io import atomic_write_text
 from nemo_azr.utils.seeding import rng_state, seed_everything, set_rng_state, step_seed
@@ -425,6 +426,7 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         self.last_samples = select_samples(batch, cfg.logger.samples_per_step, step=step + 1)
         self.state.consecutive_skips = 0
         metrics.update(batch_metrics(batch))
+        metrics.update(role_kl_metrics(batch, alg.kl.estimator))
         self._last_flops = policy_step_flops(
             self._model_shape, metrics, logprob_passes=logprob_passes, update_epochs=alg.ppo_epochs
         )
