@@ -12,13 +12,11 @@ run is benchmarks/results/stats_kernel_variants.{md,json}.
 import json
 import os
 import statistics
-import sys
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, os.getcwd())
 from nemo_azr.kernels import triton_logprobs as tk
 
 LOG2E = 1.4426950408889634
