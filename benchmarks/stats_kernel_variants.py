@@ -11,13 +11,17 @@ run is benchmarks/results/stats_kernel_variants.{md,json}.
 
 import json
 import os
-import statistics
+import sys
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from nemo_azr.kernels import triton_logprobs as tk
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels_gpu import _time  # noqa: E402
 
 LOG2E = 1.4426950408889634
 
@@ -79,18 +83,9 @@ def run_prod(z, t):
     return part.m, part.s, part.tgt
 
 
-def timed(fn, *args, reps=20):
-    fn(*args)
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn(*args)
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(ts)
+def timed(fn, *args) -> float:
+    """Median seconds of ``fn(*args)`` over 20 calls (kernels_gpu.py's timer)."""
+    return _time(fn, 20, *args)[0]
 
 
 def main():

@@ -272,7 +272,7 @@ class MegatronPolicy(MegatronPreferenceMixin, PPOUpdateMixin):
 
         Differentiable without pipeline parallelism; with it a no-grad forward through the schedule.
         """
-        out = megatron_token_logprobs(
+        return megatron_token_logprobs(
             self.chunks,
             batch[F.INPUT_IDS],
             batch[F.ATTENTION_MASK],
@@ -287,7 +287,6 @@ class MegatronPolicy(MegatronPreferenceMixin, PPOUpdateMixin):
             # prompt tokens would add about a third of the head's work on RL rows for nothing.
             target_mask=batch[mask_key],
         )
-        return out
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
@@ -374,10 +373,8 @@ class MegatronPolicy(MegatronPreferenceMixin, PPOUpdateMixin):
 
         def pipeline_loss(index: int, micro: CompactBatch, values: torch.Tensor):
             batch = micros[index]
-            keep = batch[F.LOSS_MASK].to(values.device) > 0
-            per_column = [
-                micro.restore(v)[: len(batch), :width] * keep for v in values.view(-1, values.shape[-1])
-            ]
+            # the compacted targets are the trained columns (target_mask): 0 everywhere else
+            per_column = [micro.restore(v)[: len(batch), :width] for v in values.view(-1, values.shape[-1])]
             loss, m = loss_fn(batch, *self._loss_inputs(batch, per_column, entropy))
             return loss, {"loss": float(loss.detach()), **{k: float(v) for k, v in m.items()}}
 
