@@ -519,6 +519,10 @@ class AbsoluteZeroConfig:
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"
+    # final: the proposer trains on each prompt's last attempt only (seed 001: a re-proposal replaces
+    # the flagged group) | all: also on every attempt it replaced, each with that attempt's reward,
+    # so a first proposal that missed the band is trained on too (decision 189)
+    proposer_attempts: str = "final"
     # Absolute Zero's reference tasks: > 0 shows the proposer this many questions drawn from the most
     # recent ones that reached the band (a buffer of proposer_reference_buffer); 0 = the seeds' prompt
     proposer_references: int = 0

@@ -20,6 +20,9 @@ Rewards::
                    + proposer_band_reward_weight * the group's best band_closeness       [default 0]
                    - proposer_repetition_penalty * the group's repetition penalty          [default 0]
 
+With ``absolute_zero.proposer_attempts: all`` every attempt a re-proposal replaced adds its proposer
+rows too (uid ``...-proposer-a<attempt>``), rewarded by its own status (flagged: -0.5) and terms.
+
 Solver rows are grouped per question (``group_id``); all proposer rows of the batch form one group,
 so a group-mean estimator normalises proposer rewards across the batch's proposers. ``prompt_id``
 links a proposer row to its solver rows.
@@ -27,6 +30,7 @@ links a proposer row to its solver rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,10 +116,14 @@ def build_joint_batch(
     pad_id: int,
     include_proposer: bool = True,
     rollout_n: int = 1,
+    superseded: Sequence[SolvedGroup] = (),
 ) -> Batch:
     """Solver rows of every group with a sampled question, then the proposer rows of every group
     that has a proposer trajectory (one each, or ``rollout_n`` each with
-    ``cfg.proposer_rows == "aligned"``). ``cfg`` is the ``absolute_zero`` node."""
+    ``cfg.proposer_rows == "aligned"``). ``cfg`` is the ``absolute_zero`` node.
+
+    ``superseded``: earlier attempts that a re-proposal replaced (``proposer_attempts: all``); each
+    adds proposer rows only, rewarded as the flagged group it was, after the final groups' rows."""
     layout = getattr(cfg, "proposer_rows", "per_prompt")
     if layout not in PROPOSER_ROW_LAYOUTS:
         raise ValueError(
@@ -172,11 +180,12 @@ def build_joint_batch(
             }
             add(row, ep.prompt_ids, ep.response_ids, ep.response_logprobs, ep.response_mask, combined)
 
-    for g in groups:
+    for g, final in [*((g, True) for g in groups), *((g, False) for g in superseded)]:
         traj = g.proposal.trajectory
         if traj is None or not include_proposer:
             continue
-        trajectories[g.prompt_id] = traj.seed_fields()
+        if final:  # the seeds' fields describe each prompt's final proposal
+            trajectories[g.prompt_id] = traj.seed_fields()
         qi = g.result.sampled_index
         if layout == "aligned":
             solver_uids = (
@@ -195,13 +204,14 @@ def build_joint_batch(
         # rest of the batch asks earns less, so the proposer keeps more than a few temptations
         repeat_weight = getattr(cfg, "proposer_repetition_penalty", 0.0)
         reward = (
-            p_rewards[g.prompt_id]
+            proposer_reward(g.result.status)
             + fmt_weight * (0.0 if g.proposal.error else 1.0)
             + band_weight * g.result.best_closeness
             - repeat_weight * g.repetition_penalty
         )
+        attempt = "" if final else f"-a{g.proposal.attempt}"  # a superseded attempt's rows
         for suffix, aligned in copies:
-            _add_proposer_row(add, g, traj, step, reward, suffix, aligned)
+            _add_proposer_row(add, g, traj, step, reward, attempt + suffix, aligned)
 
     info = {
         INFO_KEY: {

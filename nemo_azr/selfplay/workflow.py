@@ -118,6 +118,7 @@ class AbsoluteZeroWorkflow:
 
         by_prompt = {g.prompt_id: g for g in groups}
         evaluated = list(groups)  # every group of the step, for the reference buffer
+        superseded: list[SolvedGroup] = []  # attempts a re-proposal replaced, in order
         attempts = reproposed = 0
         while attempts < az.max_repropose_attempts:
             flagged = [g for g in by_prompt.values() if g.result.flagged]
@@ -128,13 +129,16 @@ class AbsoluteZeroWorkflow:
             seeds = [g.proposal.seed_task for g in flagged]
             for g in self.propose_and_solve(seeds, backend, sampling, template_rng, attempt=attempts):
                 g.result = filter_group(_scores(g), az, filter_rng)
+                superseded.append(by_prompt[g.prompt_id])
                 by_prompt[g.prompt_id] = g  # replaces the flagged group's data
                 evaluated.append(g)
                 num_trajectories += g.proposal.trajectory is not None
                 unparseable += bool(g.proposal.error)
 
         final = list(by_prompt.values())
-        metrics.update(self._score_repetition(final))
+        # proposer_attempts=all: the replaced attempts train the proposer too (decision 189)
+        extra = superseded if az.proposer_attempts == "all" else []
+        metrics.update(self._score_repetition(final + extra))
         batch = build_joint_batch(
             final,
             az,
@@ -142,6 +146,7 @@ class AbsoluteZeroWorkflow:
             pad_id=self.pad_id,
             include_proposer=az.enable_task_proposal,
             rollout_n=self.rollout_n,
+            superseded=extra,
         )
         if az.proposer_temperature and len(batch):  # the proposer rows were sampled at their own temperature
             batch.tensors[F.SAMPLING_TEMPERATURE] = torch.tensor(

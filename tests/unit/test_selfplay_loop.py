@@ -222,6 +222,58 @@ def test_aligned_proposer_rows_follow_seed_001_alignment(tokenizer):
     assert len({batch[F.GROUP_ID][i] for i in solver_a}) == 1
 
 
+def test_proposer_attempts_all_trains_every_replaced_proposal_with_its_own_reward(tokenizer):
+    """``proposer_attempts: all``: each attempt a re-proposal replaced adds a proposer row with its own
+    trajectory and the reward it earned as a flagged group (-0.5 + the format term); the final rows,
+    the solver rows and the seeds' per-prompt fields stay as with ``final``."""
+    plans = {
+        "A": [MIXED],  # fine at once
+        "B": [NONE_LEARNABLE, GARBAGE, MIXED],  # fine on the third attempt
+        "C": [ALL_LEARNABLE, MIXED],  # fine on the second
+    }
+    runs = {}
+    for attempts in ("final", "all"):
+        runs[attempts], _, _ = run_step(
+            tokenizer,
+            {k: list(v) for k, v in plans.items()},
+            max_repropose_attempts=2,
+            proposer_attempts=attempts,
+            proposer_format_reward_weight=0.5,
+        )
+    final, every = runs["final"], runs["all"]
+    proposer = [i for i, r in enumerate(every[F.ROLE]) if r == "proposer"]
+    by_uid = {every[F.UID][i]: i for i in proposer}
+    rewards = every[F.REWARDS].tolist()
+    # hand-computed: learnable final 1.0 + 0.5 parsed; flagged -0.5 (+ 0.5 when it parsed)
+    expected = {
+        "s3-A-proposer": (MIXED, 1.5),
+        "s3-B-proposer": (MIXED, 1.5),
+        "s3-C-proposer": (MIXED, 1.5),
+        "s3-B-proposer-a0": (NONE_LEARNABLE, 0.0),
+        "s3-C-proposer-a0": (ALL_LEARNABLE, 0.0),
+        "s3-B-proposer-a1": (GARBAGE, -0.5),
+    }
+    assert list(by_uid) == list(expected)  # the final rows first, then the replaced in their order
+    for uid, (text, reward) in expected.items():
+        i = by_uid[uid]
+        assert every[F.RESPONSE_TEXT][i] == text  # that attempt's own trajectory
+        assert rewards[i] == pytest.approx(reward)
+        mask = every[F.LOSS_MASK][i].bool()
+        assert torch.allclose(every[F.ROLLOUT_LOGPROBS][i][mask], torch.tensor(LOGPROB))
+    assert len({every[F.GROUP_ID][i] for i in proposer}) == 1  # one baseline over every attempt
+    assert every.info["metrics"]["joint/num_proposer_rows"] == 6
+    # ``final`` is the same batch without the replaced attempts' rows
+    assert final[F.UID] == [u for u in every[F.UID] if "-proposer-a" not in u]
+    n = len(final)
+    assert torch.equal(final[F.REWARDS], every[F.REWARDS][:n])
+    for i in range(n):  # the same tokens row for row (the wider batch pads more)
+        a, b = final[F.ATTENTION_MASK][i].bool(), every[F.ATTENTION_MASK][i].bool()
+        assert torch.equal(final[F.INPUT_IDS][i][a], every[F.INPUT_IDS][i][b])
+    assert final.info["absolute_zero"] == every.info["absolute_zero"]
+    with pytest.raises(ConfigError, match="proposer_attempts"):
+        check_absolute_zero_config(make_cfg(proposer_attempts="first"))
+
+
 def test_aligned_and_per_prompt_rows_give_each_prompt_the_same_proposer_advantage(tokenizer):
     """Replicating every prompt rollout_n times leaves the batch mean and (population) std of the
     proposer rewards unchanged, so GRPO gives each copy its prompt's per_prompt advantage; the
