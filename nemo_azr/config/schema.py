@@ -372,6 +372,14 @@ class RLCRConfig:
     # the turn-2 context (not generated, not trained), e.g. "<confidence>": the model then writes only
     # the number and the closing tag. Parsed as prefill + reply. "" = the model writes the whole reply
     confidence_prefill: str = ""
+    # two-turn confidence turn: "sample" (G_c sampled confidences per answer, seed 003) or "enumerate"
+    # (every value of confidence_candidates is a row, weighted by the policy's probability of writing
+    # it: the exact expected Brier gradient, no sampling noise; decision 190). Needs the prefill
+    # "<confidence>" (the candidates are what follows it) and a backend that scores continuations (hf)
+    confidence_decoding: str = "sample"
+    confidence_candidates: list[float] = field(
+        default_factory=lambda: [round(0.1 * i, 1) for i in range(11)]
+    )  # enumerate: written with one decimal ("0.3")
 
 
 @dataclass

@@ -67,3 +67,23 @@ class GenerationBackend(Protocol):
     def flush_cache(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class ScoresContinuations(Protocol):
+    """A generation backend that scores given continuations under its current weights.
+
+    ``continuation_logprobs(prompts, continuations, temperature=T)``: for prompt ``i`` and each of
+    its continuations ``continuations[i][j]`` (token ids), the log-prob of every continuation token
+    given the prompt and the tokens before it, under the temperature-scaled policy (the same
+    quantity ``Sample.logprobs`` holds for sampled tokens): ``out[i][j][t]``. RLCR's enumerated
+    confidences read it (``rlcr.confidence_decoding=enumerate``).
+    """
+
+    def continuation_logprobs(
+        self,
+        prompts: list[list[int]],
+        continuations: list[list[list[int]]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[list[list[float]]]: ...

@@ -9,6 +9,10 @@ of the step are divided by their std, one scalar that sets the step size without
 baseline. Then ``lambda_ans`` / ``lambda_conf`` scale them and they are projected onto each row's
 span mask (``loss_mask``).
 
+With ``rlcr.confidence_decoding=enumerate`` the confidence rows are every candidate value of an
+answer and their advantages weigh each by the policy's probability of it
+(:func:`expected_confidence_advantages`).
+
 Population std (1/G), as the seed writes it. A group whose rewards are all equal gets exactly 0
 (never rounding noise divided by eps). With ``scale_std=False`` only the mean is subtracted.
 """
@@ -95,6 +99,34 @@ def confidence_advantages(
     return advantages
 
 
+def expected_confidence_advantages(
+    rewards: torch.Tensor | Sequence[float], logprobs: torch.Tensor | Sequence[float], answer_ids: Ids
+) -> torch.Tensor:
+    """``rlcr.confidence_decoding=enumerate``: the advantage of candidate ``c`` of one answer is
+    ``w_c * (R_c - sum_c' w_c' R_c')``, ``w`` the policy's probabilities of the answer's candidates
+    (``exp(logprobs)`` renormalised over them), ``R`` their Brier rewards.
+
+    Under the PPO ratio ``pi / pi_old`` this gives the loss ``-sum_c pi(c) (R_c - V)``, whose gradient
+    is the exact gradient of the expected Brier reward over the candidates (the all-action policy
+    gradient of mean actor-critic, Allen et al. 2017): what sampled confidences estimate with noise.
+    """
+    values = torch.as_tensor(rewards, dtype=STATS_DTYPE).reshape(-1)
+    logp = torch.as_tensor(logprobs, dtype=STATS_DTYPE).reshape(-1)
+    ids = _as_ids(answer_ids)
+    if not (len(ids) == values.numel() == logp.numel()):
+        raise BatchContractError(f"{values.numel()} rewards, {logp.numel()} log-probs, {len(ids)} answer ids")
+    if values.numel() == 0:
+        return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
+    index = group_index(ids)
+    num_groups = int(index.max()) + 1
+    top = torch.full((num_groups,), float("-inf"), dtype=STATS_DTYPE).scatter_reduce(0, index, logp, "amax")
+    prob = (logp - top[index]).exp()  # stable: the likeliest candidate of each answer has 1
+    total = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, prob)
+    weight = prob / total[index]
+    expected = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, weight * values)
+    return (weight * (values - expected[index])).to(ADVANTAGE_DTYPE)
+
+
 @advantage_estimator("rlcr_hierarchical", required_meta=(F.GROUP_ID, F.SUBGROUP_ID, F.SAMPLE_TYPE))
 def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Answer rows per prompt (``group_id``), confidence rows per answer (``subgroup_id``), scaled by
@@ -122,7 +154,20 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
         row[ans_rows] = settings.lambda_ans * answer_advantages(
             rewards[ans_rows], [groups[i] for i in ans_rows], settings.scale_std, settings.eps
         )
-    if conf_rows:
+    if conf_rows and settings.confidence_decoding == "enumerate":
+        # every candidate is a row: weighted by the policy's probability of writing it (pi_old: the
+        # PPO ratio's denominator; the rollout's where the trainer reuses the update's own)
+        logprobs = batch.tensors.get(F.OLD_LOGPROBS, batch.tensors.get(F.ROLLOUT_LOGPROBS))
+        if logprobs is None:
+            raise BatchContractError(
+                "rlcr.confidence_decoding=enumerate weighs each candidate by its probability: the batch "
+                f"needs {F.OLD_LOGPROBS!r} or {F.ROLLOUT_LOGPROBS!r}"
+            )
+        sums = (logprobs.float() * batch.tensors[F.LOSS_MASK].float()).sum(1).cpu()
+        row[conf_rows] = settings.lambda_conf * expected_confidence_advantages(
+            rewards[conf_rows], sums[conf_rows], [subgroups[i] for i in conf_rows]
+        )
+    elif conf_rows:
         prompt_ids = [groups[i] for i in conf_rows] if settings.conf_prompt_level_norm else None
         row[conf_rows] = settings.lambda_conf * confidence_advantages(
             rewards[conf_rows],

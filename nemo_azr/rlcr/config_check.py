@@ -6,6 +6,7 @@ from nemo_azr.config.checks import one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
 
 ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding
+CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
 
 
 def check_rlcr_config(cfg: NemoAzrConfig) -> None:
@@ -47,11 +48,15 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
                 f"rlcr.num_generations_answer (G_a) must be >= 2 to normalise answers per prompt, got "
                 f"{r.num_generations_answer} (or rlcr.answer_decoding=greedy: one untrained answer per prompt)",
             )
-        require(
-            r.num_generations_confidence >= 2,
-            "rlcr.num_generations_confidence (G_c) must be >= 2 to normalise confidences per answer, "
-            f"got {r.num_generations_confidence}",
-        )
+        one_of("rlcr.confidence_decoding", r.confidence_decoding, CONFIDENCE_DECODINGS)
+        if r.confidence_decoding == "enumerate":
+            _check_enumerated_confidences(cfg)
+        else:
+            require(
+                r.num_generations_confidence >= 2,
+                "rlcr.num_generations_confidence (G_c) must be >= 2 to normalise confidences per answer, "
+                f"got {r.num_generations_confidence}",
+            )
         require(bool(r.confidence_prompt.strip()), "rlcr.confidence_prompt must not be empty")
         require(
             "</confidence>" not in r.confidence_prefill,
@@ -71,3 +76,29 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
         )
         for key in ("format_weight", "accuracy_weight", "brier_weight"):
             require(getattr(r, key) >= 0, f"rlcr.{key} must be >= 0, got {getattr(r, key)}")
+
+
+def _check_enumerated_confidences(cfg: NemoAzrConfig) -> None:
+    """``rlcr.confidence_decoding=enumerate``: the candidates follow the prefilled tag, and the
+    generation backend must score them."""
+    r = cfg.rlcr
+    values = list(r.confidence_candidates)
+    require(
+        len(values) >= 2 and all(0.0 <= float(v) <= 1.0 for v in values),
+        f"rlcr.confidence_candidates must hold at least two values in [0, 1], got {values}",
+    )
+    texts = [f"{float(v):.1f}" for v in values]
+    require(
+        len(set(texts)) == len(texts),
+        f"rlcr.confidence_candidates are written with one decimal and must differ there, got {texts}",
+    )
+    require(
+        r.confidence_prefill.endswith("<confidence>"),
+        "rlcr.confidence_decoding=enumerate scores each candidate as the text right after the opening "
+        f"tag: set rlcr.confidence_prefill='<confidence>', got {r.confidence_prefill!r}",
+    )
+    require(
+        cfg.generation.backend == "hf",
+        "rlcr.confidence_decoding=enumerate needs a generation backend that scores continuations "
+        f"(generation.backend=hf), got {cfg.generation.backend!r}",
+    )

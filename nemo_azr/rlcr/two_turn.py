@@ -17,13 +17,21 @@ short answer rows do not carry the long turn-2 prompt's padding.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Sequence
 
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
-from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
+from nemo_azr.contracts.generation import (
+    GenerationBackend,
+    GenerationRequest,
+    Sample,
+    SamplingParams,
+    ScoresContinuations,
+)
 from nemo_azr.contracts.task import Example, Task
+from nemo_azr.errors import ConfigError
 from nemo_azr.rlcr.advantages import RLCR_INFO_KEY
 from nemo_azr.rlcr.common import (
     ANSWER_CORRECT,
@@ -63,6 +71,11 @@ class TwoTurnRLCRWorkflow:
         self.prefill_ids = (
             tokenizer(self.prefill, add_special_tokens=False)["input_ids"] if self.prefill else []
         )
+        # rlcr.confidence_decoding=enumerate: the values written after the prefill, and their ids
+        self.candidate_texts = [f"{float(v):.1f}" for v in self.settings.confidence_candidates]
+        self.candidate_ids = [
+            tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.candidate_texts
+        ]
         seed = getattr(cfg, "seed", 0)
         self._warmup_rng = random.Random(seed + WARMUP_SEED_SALT)
 
@@ -88,8 +101,11 @@ class TwoTurnRLCRWorkflow:
 
     @property
     def rows_per_prompt(self) -> int:
-        """Rows one prompt contributes: G_a answers + G_a x G_c confidences."""
+        """Rows one prompt contributes: G_a answers + G_a x G_c confidences (G_c: the candidates when
+        they are enumerated)."""
         g_a, g_c = self.settings.num_generations_answer, self.settings.num_generations_confidence
+        if self.settings.confidence_decoding == "enumerate":
+            g_c = len(self.candidate_texts)
         return g_a * (1 + g_c)
 
     def _accuracy(self, example: Example, text: str) -> float:
@@ -121,7 +137,7 @@ class TwoTurnRLCRWorkflow:
         turn1 = backend.generate(requests, answer_sampling)
 
         answers = RowBuffer()
-        pairs = []  # (prompt index, answer id, turn-2 context ids, accuracy)
+        pairs = []  # (prompt index, group id, answer id, turn-2 context ids, accuracy)
         for i, (ex, out) in enumerate(zip(examples, turn1)):
             group = f"s{step}-p{i}"
             for k, sample in enumerate(out.samples):
@@ -152,7 +168,7 @@ class TwoTurnRLCRWorkflow:
                     },
                 )
                 context = self._confidence_context(prompt_ids[i], sample.token_ids, ex, sample.text)
-                pairs.append((i, answer_id, context, acc))
+                pairs.append((i, group, answer_id, context, acc))
 
         # --- turn 2: G_c confidences per answer, every (prompt, answer) pair in one call --------
         confidence_sampling = dataclasses.replace(
@@ -160,11 +176,48 @@ class TwoTurnRLCRWorkflow:
             n=s.num_generations_confidence,
             max_new_tokens=s.confidence_max_new_tokens or sampling.max_new_tokens,
         )
-        requests = [GenerationRequest(prompt_ids=ctx, request_id=aid) for _, aid, ctx, _ in pairs]
-        turn2 = backend.generate(requests, confidence_sampling)
+        if s.confidence_decoding == "enumerate":
+            confidences, metrics = self._enumerate_confidences(
+                examples, pairs, backend, confidence_sampling.temperature
+            )
+            metrics = {**self._metrics(answers, confidences), **metrics}
+        else:
+            confidences = self._sample_confidences(examples, pairs, backend, confidence_sampling)
+            metrics = self._metrics(answers, confidences)
 
+        pad = pad_id(tok)
+        batch = Batch.concat([answers.build(pad), confidences.build(pad)])
+        batch.info = {
+            "max_new_tokens": max(answer_sampling.max_new_tokens, confidence_sampling.max_new_tokens),
+            RLCR_INFO_KEY: s,
+            "metrics": metrics,
+        }
+        return batch
+
+    @staticmethod
+    def _confidence_meta(ex: Example, uid: str, group: str, answer_id: str, version: int, acc: float, c):
+        return {
+            F.UID: uid,
+            F.GROUP_ID: group,
+            F.SUBGROUP_ID: answer_id,
+            F.SAMPLE_TYPE: SampleType.CONFIDENCE.value,
+            F.PROMPT_ID: ex.prompt_id,
+            F.POLICY_VERSION: version,
+            F.PROMPT_TEXT: ex.question,
+            "example": ex,
+            ANSWER_CORRECT: acc,
+            CONFIDENCE: c,
+            HAS_CONFIDENCE: True,
+            FORMAT_OK: c is not None,
+        }
+
+    def _sample_confidences(
+        self, examples: Sequence[Example], pairs: list, backend: GenerationBackend, sampling: SamplingParams
+    ) -> RowBuffer:
+        """Seed 003's turn 2: ``G_c`` sampled confidences per answer, rewarded by their Brier score."""
+        requests = [GenerationRequest(prompt_ids=ctx, request_id=aid) for _, _, aid, ctx, _ in pairs]
         confidences = RowBuffer()
-        for (i, answer_id, context, acc), out in zip(pairs, turn2):
+        for (i, group, answer_id, context, acc), out in zip(pairs, backend.generate(requests, sampling)):
             ex = examples[i]
             for h, sample in enumerate(out.samples):
                 c = parse_confidence(self.prefill + sample.text)
@@ -172,31 +225,60 @@ class TwoTurnRLCRWorkflow:
                     context,
                     sample,
                     reward=brier_reward(acc, c),
-                    span_mask=confidence_span_mask(sample.token_ids, tok, prefill=self.prefill),
-                    **{
-                        F.UID: f"{answer_id}-c{h}",
-                        F.GROUP_ID: f"s{step}-p{i}",
-                        F.SUBGROUP_ID: answer_id,
-                        F.SAMPLE_TYPE: SampleType.CONFIDENCE.value,
-                        F.PROMPT_ID: ex.prompt_id,
-                        F.POLICY_VERSION: out.policy_version,
-                        F.PROMPT_TEXT: ex.question,
-                        "example": ex,
-                        ANSWER_CORRECT: acc,
-                        CONFIDENCE: c,
-                        HAS_CONFIDENCE: True,
-                        FORMAT_OK: c is not None,
-                    },
+                    span_mask=confidence_span_mask(sample.token_ids, self.tokenizer, prefill=self.prefill),
+                    **self._confidence_meta(
+                        ex, f"{answer_id}-c{h}", group, answer_id, out.policy_version, acc, c
+                    ),
                 )
+        return confidences
 
-        pad = pad_id(tok)
-        batch = Batch.concat([answers.build(pad), confidences.build(pad)])
-        batch.info = {
-            "max_new_tokens": max(answer_sampling.max_new_tokens, confidence_sampling.max_new_tokens),
-            RLCR_INFO_KEY: s,
-            "metrics": self._metrics(answers, confidences),
-        }
-        return batch
+    def _enumerate_confidences(
+        self, examples: Sequence[Example], pairs: list, backend: GenerationBackend, temperature: float
+    ) -> tuple[RowBuffer, dict[str, float]]:
+        """``rlcr.confidence_decoding=enumerate``: one row per candidate value per answer, carrying
+        the policy's log-probs of writing it after the prefilled tag; the estimator weighs each by
+        its probability (rlcr.advantages.expected_confidence_advantages). Nothing is sampled."""
+        if not isinstance(backend, ScoresContinuations):
+            raise ConfigError(
+                "rlcr.confidence_decoding=enumerate needs a generation backend that scores "
+                f"continuations (generation.backend=hf); {type(backend).__name__} does not"
+            )
+        texts = self.candidate_texts
+        ids = self.candidate_ids
+        scored = backend.continuation_logprobs(
+            [ctx for _, _, _, ctx, _ in pairs], [ids] * len(pairs), temperature=temperature
+        )
+        confidences = RowBuffer()
+        expected, correct, mass = [], [], []
+        for (i, group, answer_id, context, acc), per_candidate in zip(pairs, scored):
+            ex = examples[i]
+            probs = [math.exp(sum(lp)) for lp in per_candidate]
+            total = sum(probs)
+            mass.append(total)
+            expected.append(sum(p * float(t) for p, t in zip(probs, texts)) / total if total > 0 else 0.0)
+            correct.append(acc)
+            for h, (text, cand, logps) in enumerate(zip(texts, ids, per_candidate)):
+                c = float(text)
+                sample = Sample(
+                    token_ids=list(cand), logprobs=list(logps), text=text, finish_reason="enumerated"
+                )
+                confidences.add(
+                    context,
+                    sample,
+                    reward=brier_reward(acc, c),
+                    span_mask=[1] * len(cand),
+                    **self._confidence_meta(
+                        ex, f"{answer_id}-c{h}", group, answer_id, backend.version, acc, c
+                    ),
+                )
+        # per answer: the policy's expected confidence and expected Brier reward (over the candidates)
+        metrics = calibration_step_metrics(expected, correct)
+        metrics["rlcr/confidence_reward_mean"] = (
+            sum(brier_reward(y, c) for c, y in zip(expected, correct)) / len(expected) if expected else 0.0
+        )
+        metrics["rlcr/confidence_candidate_mass"] = sum(mass) / len(mass) if mass else 0.0
+        metrics["rlcr/confidence_format_fail_frac"] = 0.0
+        return confidences, metrics
 
     @staticmethod
     def _metrics(answers: RowBuffer, confidences: RowBuffer) -> dict[str, float]:

@@ -131,6 +131,67 @@ class HFGenerationBackend(GenerationEngineBase):
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
         return self.generate_in_chunks(requests, sampling, self._generate_chunk, self.max_batch_size)
 
+    @torch.inference_mode()
+    def continuation_logprobs(
+        self,
+        prompts: list[list[int]],
+        continuations: list[list[list[int]]],
+        *,
+        temperature: float = 1.0,
+    ) -> list[list[list[float]]]:
+        """Log-probs of each prompt's given continuations (``contracts.ScoresContinuations``).
+
+        Each distinct prompt is encoded once (``_encode_prompts``); its KV cache is copied to its
+        continuations, which run right-padded in one more forward: the few candidate tokens of an
+        RLCR confidence cost little next to its long context.
+        """
+        if len(prompts) != len(continuations):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuation lists")
+        rows = [(i, list(c)) for i, cs in enumerate(continuations) for c in cs]
+        if any(not c for _, c in rows):
+            raise ValueError("continuation_logprobs: every continuation needs at least one token")
+        scored: list[list[float]] = []
+        step = self.max_batch_size or len(rows) or 1
+        for start in range(0, len(rows), step):
+            chunk = rows[start : start + step]
+            scored.extend(
+                self._score_chunk([prompts[i] for i, _ in chunk], [c for _, c in chunk], temperature)
+            )
+        out: list[list[list[float]]] = [[] for _ in prompts]
+        for (i, _), values in zip(rows, scored):
+            out[i].append(values)
+        return out
+
+    def _score_chunk(
+        self, prompts: list[list[int]], conts: list[list[int]], temperature: float
+    ) -> list[list[float]]:
+        device = next(self.model.parameters()).device
+        b, width, span = len(prompts), max(len(p) for p in prompts), max(len(c) for c in conts)
+        ids = torch.full((b, width), self.pad_id, dtype=torch.long, device=device)
+        attn = torch.zeros((b, width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):  # left padding, as for generation
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p) :] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        first_logits, past = self._encode_prompts(ids, attn, pos)
+        cont = torch.full((b, span), self.pad_id, dtype=torch.long, device=device)
+        for i, c in enumerate(conts):  # right padding: a padded column follows every real one
+            cont[i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        logits = first_logits[:, None]
+        if span > 1:  # the logits of continuation tokens 2.. come from the tokens before them
+            decoder = getattr(self.model, self.model.base_model_prefix)
+            out = decoder(
+                input_ids=cont[:, :-1],
+                attention_mask=torch.cat([attn, torch.ones_like(cont[:, :-1])], dim=1),
+                position_ids=pos[:, -1:] + 1 + torch.arange(span - 1, device=device),
+                use_cache=True,
+                **{self._cache_kw: past},
+            )
+            rest = self.model.get_output_embeddings()(out.last_hidden_state).float()
+            logits = torch.cat([logits, rest], dim=1)
+        logp = (logits / temperature).log_softmax(-1).gather(-1, cont[..., None])[..., 0]
+        return [logp[i, : len(c)].tolist() for i, c in enumerate(conts)]
+
     def _next_logits(self, ids, attn, pos, past) -> tuple[torch.Tensor, object]:
         """float32 logits[B, V] of the last position, and the updated KV cache.
 

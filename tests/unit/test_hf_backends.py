@@ -8,7 +8,12 @@ import torch
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts import Batch
 from nemo_azr.contracts.assemble import pack_prompt_response
-from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, SamplingParams
+from nemo_azr.contracts.generation import (
+    GenerationBackend,
+    GenerationRequest,
+    SamplingParams,
+    ScoresContinuations,
+)
 from nemo_azr.contracts.policy import Policy
 from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.hf.policy import HFPolicy
@@ -63,6 +68,26 @@ def test_rollout_logprobs_match_policy_and_naive_reference(setup):
     torch.testing.assert_close(mine, naive, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(batch["rollout_logprobs"], naive, rtol=1e-4, atol=1e-4)
     assert (mine[batch["loss_mask"] == 0] == 0).all()
+
+
+def test_continuation_logprobs_match_a_full_forward_of_each_sequence(setup):
+    """contracts.ScoresContinuations: prompts of different lengths, continuations of 1-3 tokens (two
+    prompts alike, so the shared-prompt path runs), against the model on each whole sequence."""
+    _, tok, policy, backend, prompts = setup
+    assert isinstance(backend, ScoresContinuations)
+    prompts = [prompts[0], prompts[1], prompts[0]]
+    conts = [[[11], [12, 13]], [[14, 15, 16]], [[17, 18], [19]]]
+    got = backend.continuation_logprobs(prompts, conts, temperature=0.7)
+    assert [[len(c) for c in row] for row in got] == [[1, 2], [3], [2, 1]]
+    for prompt, row_conts, row_got in zip(prompts, conts, got):
+        for cont, values in zip(row_conts, row_got):
+            ids = torch.tensor([prompt + cont])
+            with torch.no_grad():
+                logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            reference = (logits / 0.7).log_softmax(-1).gather(-1, torch.tensor(cont)[:, None])[:, 0]
+            torch.testing.assert_close(torch.tensor(values), reference, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="at least one token"):
+        backend.continuation_logprobs(prompts[:1], [[[]]])
 
 
 def test_greedy_matches_transformers_generate(setup):

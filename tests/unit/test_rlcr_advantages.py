@@ -214,3 +214,55 @@ def test_estimator_rejects_unknown_sample_type_and_missing_subgroup():
     meta = {k: v for k, v in batch.meta.items() if k != F.SUBGROUP_ID}
     with pytest.raises(BatchContractError, match="subgroup_id"):
         estimator(Batch(dict(batch.tensors), meta, batch.info), AlgorithmConfig())
+
+
+def test_expected_confidence_advantages_by_hand():
+    from nemo_azr.rlcr.advantages import expected_confidence_advantages
+
+    # answer "a" right (acc 1), "b" wrong (acc 0); candidates 0.0 / 0.5 / 1.0, interleaved rows
+    probs = {"a": [0.2, 0.3, 0.5], "b": [0.6, 0.3, 0.1]}
+    cands = [0.0, 0.5, 1.0]
+    rows = [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    acc = {"a": 1.0, "b": 0.0}
+    rewards = [1 - (acc[k] - cands[j]) ** 2 for k, j in rows]
+    # log-probs of the candidates need not sum to 1 over them: they are renormalised
+    logprobs = [math.log(0.5 * probs[k][j]) for k, j in rows]
+    adv = expected_confidence_advantages(rewards, logprobs, [k for k, _ in rows])
+    # a: R = [0, 0.75, 1], V = 0.2*0 + 0.3*0.75 + 0.5*1 = 0.725
+    # b: R = [1, 0.75, 0], V = 0.6*1 + 0.3*0.75 + 0.1*0 = 0.825
+    expected = {
+        ("a", 0): 0.2 * (0 - 0.725),
+        ("a", 1): 0.3 * (0.75 - 0.725),
+        ("a", 2): 0.5 * (1 - 0.725),
+        ("b", 0): 0.6 * (1 - 0.825),
+        ("b", 1): 0.3 * (0.75 - 0.825),
+        ("b", 2): 0.1 * (0 - 0.825),
+    }
+    assert adv.tolist() == pytest.approx([expected[r] for r in rows], abs=1e-6)
+    with pytest.raises(BatchContractError, match="log-probs"):
+        expected_confidence_advantages([1.0, 0.0], [0.0], ["a", "a"])
+
+
+def test_expected_advantages_under_the_ppo_ratio_are_the_exact_expected_brier_gradient():
+    """-sum_c (pi(c) / pi_old(c)) * A(c) at pi = pi_old has the gradient of -E[R | a candidate] under
+    pi (torch autograd of the expectation as the reference), also when the candidates hold only
+    part of the policy's mass."""
+    from nemo_azr.rlcr.advantages import expected_confidence_advantages
+
+    torch.manual_seed(0)
+    theta = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)  # two answers, a 7-token vocab
+    cands = [1, 3, 4, 6]  # the candidates' tokens
+    rewards = torch.tensor([[0.1, 0.9, 0.4, 0.6], [0.8, 0.0, 0.3, 0.5]], dtype=torch.float64)
+
+    logp = theta.log_softmax(-1)[:, cands]
+    adv = expected_confidence_advantages(
+        rewards.reshape(-1), logp.detach().reshape(-1), ["a"] * 4 + ["b"] * 4
+    ).to(torch.float64)
+    surrogate = -((logp - logp.detach()).exp().reshape(-1) * adv).sum()
+    (grad,) = torch.autograd.grad(surrogate, theta)
+
+    p = theta.softmax(-1)[:, cands]
+    expected_reward = ((p / p.sum(-1, keepdim=True)) * rewards).sum()
+    (reference,) = torch.autograd.grad(-expected_reward, theta)
+    torch.testing.assert_close(grad, reference, rtol=1e-5, atol=1e-6)
+    assert reference.abs().sum() > 0

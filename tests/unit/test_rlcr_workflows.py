@@ -1,5 +1,6 @@
 """RLCR workflows with a scripted generation backend: rows, ids, masks, fused rewards, warm-up pairs."""
 
+import math
 import random
 import re
 
@@ -439,3 +440,109 @@ def test_two_turn_confidence_prompt_restates_question_and_answer(tok, tiny_cache
     assert WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(plain.data), tok, plain)._suffix(example, "x") == (
         turn_suffix_ids(tok, plain.rlcr.confidence_prompt)
     )
+
+
+class ScoringBackend(ScriptedBackend):
+    """Also scores continuations (contracts.ScoresContinuations): candidate j of every context gets
+    the log-prob ``log(probs[j])`` on its first token and 0 on the others; records the calls."""
+
+    def __init__(self, tokenizer, answers, probs):
+        super().__init__(tokenizer, answers, [])
+        self.probs = probs
+        self.scored = []
+
+    def continuation_logprobs(self, prompts, continuations, *, temperature=1.0):
+        self.scored.append((prompts, continuations, temperature))
+        return [
+            [[math.log(self.probs[j])] + [0.0] * (len(c) - 1) for j, c in enumerate(row)]
+            for row in continuations
+        ]
+
+
+def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probability(tok, tiny_cache):
+    """rlcr.confidence_decoding=enumerate: nothing is sampled in turn 2; each answer gets one row per
+    candidate, the candidate's tokens after the prefilled tag (trained) with the backend's log-probs,
+    its Brier reward, and the advantage w_c (R_c - sum w R) of the expected Brier gradient."""
+    cfg = _cfg(
+        tiny_cache,
+        "rlcr.answer_decoding=greedy",
+        "rlcr.num_generations_answer=1",
+        'rlcr.confidence_prefill="<confidence>"',
+        "rlcr.confidence_decoding=enumerate",
+        "rlcr.confidence_candidates=[0.1,0.5,0.9]",
+        "rlcr.lambda_conf=1.0",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    assert wf.rows_per_prompt == 1 + 3
+    probs = [0.2, 0.3, 0.5]
+    backend = ScoringBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], probs)  # right, then wrong
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
+    validate_batch(batch, "reward")
+    assert [kind for kind, _, _ in backend.calls] == ["answer"]  # turn 2 samples nothing
+    ((contexts, conts, temperature),) = backend.scored
+    assert temperature == 0.7 and len(contexts) == 2
+    cand_ids = [tok(t, add_special_tokens=False)["input_ids"] for t in ("0.1", "0.5", "0.9")]
+    assert conts == [cand_ids, cand_ids]
+
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
+    assert len(rows) == 2 * 3
+    values = [0.1, 0.5, 0.9]
+    for i in rows:
+        h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+        acc = batch[ANSWER_CORRECT][i]
+        ids, mask = batch[F.INPUT_IDS][i].tolist(), batch[F.LOSS_MASK][i]
+        kept = [t for t, m in zip(ids, mask.tolist()) if m]
+        assert kept == cand_ids[h]  # the candidate's tokens alone are trained
+        assert batch[CONFIDENCE][i] == pytest.approx(values[h])
+        rewards = [1 - (acc - v) ** 2 for v in values]
+        assert float(batch[F.REWARDS][i]) == pytest.approx(rewards[h])
+        logps = batch[F.ROLLOUT_LOGPROBS][i][mask.bool()]
+        assert float(logps.sum()) == pytest.approx(math.log(probs[h]), abs=1e-6)
+        mean = sum(p * r for p, r in zip(probs, rewards))
+        row = advantages[i][mask.bool()].float()
+        assert torch.allclose(row, torch.full_like(row, probs[h] * (rewards[h] - mean)), atol=1e-6)
+    m = batch.info["metrics"]
+    assert m["rlcr/confidence_mean"] == pytest.approx(0.2 * 0.1 + 0.3 * 0.5 + 0.5 * 0.9)
+    assert m["rlcr/confidence_candidate_mass"] == pytest.approx(1.0)
+
+    with pytest.raises(ConfigError, match="scores continuations"):  # a backend that cannot score
+        wf.run(_examples(), ScriptedBackend(tok, ["7"], ["0.5"]), SamplingParams(n=8), step=1)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rlcr.confidence_decoding=beam"], "rlcr.confidence_decoding"),
+        (["rlcr.confidence_decoding=enumerate"], "rlcr.confidence_prefill='<confidence>'"),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "generation.backend=trtllm",
+            ],
+            "generation.backend=hf",
+        ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.confidence_candidates=[0.5,0.51]",
+            ],
+            "must differ",
+        ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.confidence_candidates=[0.5,1.5]",
+            ],
+            "values in [0, 1]",
+        ),
+    ],
+)
+def test_enumerated_confidence_config_validation(tiny_cache, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _cfg(tiny_cache, *overrides)
