@@ -7,6 +7,9 @@ back into the conversation as the assistant turn, adds the confidence request, a
 confidences per answer; all (prompt, answer) pairs go into ONE generate call. Rewards are fused into
 the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
 ``rlcr.confidence_prefill`` starts every confidence reply in its context (parsed as prefill + reply).
+``rlcr.confidence_decoding=enumerate`` samples no confidence: every candidate value is a row with the
+backend's log-probs of writing it (``contracts.ScoresContinuations``), for the estimator's exact
+expected-Brier advantages (decision 190).
 
 Rows: ``sample_type`` answer | confidence, ``group_id`` = prompt, ``subgroup_id`` = answer,
 ``role`` = solver, ``loss_mask`` = the span masks ``M_ans`` / ``M_conf``. Answer rows come first,
