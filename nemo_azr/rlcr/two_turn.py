@@ -252,13 +252,15 @@ class TwoTurnRLCRWorkflow:
             [ctx for _, _, _, ctx, _ in pairs], [ids] * len(pairs), temperature=temperature
         )
         confidences = RowBuffer()
-        expected, correct, mass = [], [], []
+        expected, expected_reward, correct, mass = [], [], [], []
         for (i, group, answer_id, context, acc), per_candidate in zip(pairs, scored):
             ex = examples[i]
             probs = [math.exp(sum(lp)) for lp in per_candidate]
             total = sum(probs)
             mass.append(total)
-            expected.append(sum(p * float(t) for p, t in zip(probs, texts)) / total if total > 0 else 0.0)
+            weights = [p / total for p in probs] if total > 0 else [1.0 / len(probs)] * len(probs)
+            expected.append(sum(w * float(t) for w, t in zip(weights, texts)))
+            expected_reward.append(sum(w * brier_reward(acc, float(t)) for w, t in zip(weights, texts)))
             correct.append(acc)
             for h, (text, cand, logps) in enumerate(zip(texts, ids, per_candidate)):
                 c = float(text)
@@ -277,7 +279,7 @@ class TwoTurnRLCRWorkflow:
         # per answer: the policy's expected confidence and expected Brier reward (over the candidates)
         metrics = calibration_step_metrics(expected, correct)
         metrics["rlcr/confidence_reward_mean"] = (
-            sum(brier_reward(y, c) for c, y in zip(expected, correct)) / len(expected) if expected else 0.0
+            sum(expected_reward) / len(expected_reward) if expected_reward else 0.0
         )
         metrics["rlcr/confidence_candidate_mass"] = sum(mass) / len(mass) if mass else 0.0
         metrics["rlcr/confidence_format_fail_frac"] = 0.0

@@ -507,6 +507,9 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
     m = batch.info["metrics"]
     assert m["rlcr/confidence_mean"] == pytest.approx(0.2 * 0.1 + 0.3 * 0.5 + 0.5 * 0.9)
     assert m["rlcr/confidence_candidate_mass"] == pytest.approx(1.0)
+    # the expected Brier reward, averaged over the right (acc 1) and the wrong (acc 0) answer
+    exp_reward = [sum(p * (1 - (acc - v) ** 2) for p, v in zip(probs, values)) for acc in (1.0, 0.0)]
+    assert m["rlcr/confidence_reward_mean"] == pytest.approx(sum(exp_reward) / 2)
 
     with pytest.raises(ConfigError, match="scores continuations"):  # a backend that cannot score
         wf.run(_examples(), ScriptedBackend(tok, ["7"], ["0.5"]), SamplingParams(n=8), step=1)
