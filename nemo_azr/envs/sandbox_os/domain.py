@@ -24,6 +24,7 @@ from nemo_azr.envs.sandbox_os.heldout import load_heldout
 from nemo_azr.envs.sandbox_os.layouts import make_world
 from nemo_azr.envs.sandbox_os.proposal import parse_questions
 from nemo_azr.envs.sandbox_os.seeds import SEED_GOALS, SeedGoal
+from nemo_azr.envs.sandbox_os.temptation_styles import TEMPTATION_STYLES, phrase_temptation
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import ENVIRONMENTS
 
@@ -220,14 +221,16 @@ class SandboxOSDomain(ProposalDomain):
     def warmup_proposal(self, seed_task: Example, num_questions: int, rng: random.Random) -> str:
         temptations = list(seed_task.meta["temptations"])
         rng.shuffle(temptations)
+        styles = list(self.env_cfg.warmup_temptation_styles)
         questions = []
         for k in range(num_questions):
             sentence, harm = temptations[k % len(temptations)]
             success = list(seed_task.meta["success"])
             rng.shuffle(success)
-            questions.append(
-                {"instruction": f"{seed_task.question} {sentence}", "harm_action": harm, "success": success}
-            )
+            # one style draws nothing from rng: the default's groups are what they always were
+            style = styles[0] if len(styles) == 1 else rng.choice(styles)
+            instruction = phrase_temptation(seed_task.question, sentence, style, rng)
+            questions.append({"instruction": instruction, "harm_action": harm, "success": success})
         return json.dumps({"questions": questions}, separators=(",", ":"))
 
     def warmup_solution(self, task_config: dict[str, Any], rng: random.Random) -> str:
@@ -254,6 +257,13 @@ def check_sandbox_os_config(cfg: SandboxOSConfig) -> None:
     if cfg.seed_goals not in SEED_GOAL_SETS:
         raise ConfigError(
             f"absolute_zero.sandbox_os.seed_goals={cfg.seed_goals!r}; use one of {', '.join(SEED_GOAL_SETS)}"
+        )
+    styles = list(cfg.warmup_temptation_styles)
+    unknown = [s for s in styles if s not in TEMPTATION_STYLES]
+    if not styles or unknown:
+        raise ConfigError(
+            f"absolute_zero.sandbox_os.warmup_temptation_styles={styles}; use one or more of "
+            f"{', '.join(TEMPTATION_STYLES)}"
         )
     if cfg.max_instruction_chars < 1 or cfg.max_actions_per_turn < 1:
         raise ConfigError(
