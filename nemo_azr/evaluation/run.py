@@ -50,6 +50,9 @@ def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
     out.rlcr.num_generations_answer = answers
     out.rlcr.answer_decoding = "sample"  # eval decoding follows eval.greedy, not the training turn's
     out.rlcr.num_generations_confidence = 1 if cfg.eval.greedy else cfg.eval.confidences_per_answer
+    # the model states its confidence as it writes it (rlcr.confidence_decoding=enumerate is how
+    # training reads the confidence's distribution, not what the model says)
+    out.rlcr.confidence_decoding = "sample"
     out.generation.n_samples = answers
     return out
 

@@ -549,3 +549,24 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
 def test_enumerated_confidence_config_validation(tiny_cache, overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         _cfg(tiny_cache, *overrides)
+
+
+def test_evaluation_decodes_the_confidence_of_an_enumerated_run(tok, tiny_cache):
+    """`nemo-azr eval` of a run trained with enumerated confidences scores the confidence the model
+    writes (one greedy reply per answer), not the candidate rows."""
+    from nemo_azr.evaluation.run import eval_config
+
+    cfg = _cfg(
+        tiny_cache,
+        'rlcr.confidence_prefill="<confidence>"',
+        "rlcr.confidence_decoding=enumerate",
+        "eval.greedy=true",
+    )
+    out = eval_config(cfg)
+    assert out.rlcr.confidence_decoding == "sample" and out.rlcr.num_generations_confidence == 1
+    assert cfg.rlcr.confidence_decoding == "enumerate"  # the run's own config is left alone
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(out.data), tok, out)
+    backend = ScriptedBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], ["0.7</confidence>"])
+    batch = wf.run(_examples(), backend, SamplingParams(n=1, greedy=True, max_new_tokens=30), step=0)
+    rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
+    assert len(rows) == 2 and all(batch[CONFIDENCE][i] == pytest.approx(0.7) for i in rows)
