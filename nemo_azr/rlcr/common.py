@@ -47,6 +47,11 @@ def format_instruction(settings: RLCRConfig, *, single_turn: bool) -> str:
     return SINGLE_TURN_FORMAT if single_turn else ANSWER_TURN_FORMAT
 
 
+def confidence_candidate_texts(values: Sequence[float]) -> list[str]:
+    """``rlcr.confidence_candidates`` as the model would write them: one decimal ("0.3")."""
+    return [f"{float(v):.1f}" for v in values]
+
+
 def rlcr_settings(cfg: Any) -> RLCRConfig:
     """``cfg.rlcr`` of a full config, or the defaults (workflows may be built without a config)."""
     settings = getattr(cfg, "rlcr", None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from nemo_azr.config.checks import one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
+from nemo_azr.rlcr.common import confidence_candidate_texts
 
 ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding
 CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
@@ -87,7 +88,7 @@ def _check_enumerated_confidences(cfg: NemoAzrConfig) -> None:
         len(values) >= 2 and all(0.0 <= float(v) <= 1.0 for v in values),
         f"rlcr.confidence_candidates must hold at least two values in [0, 1], got {values}",
     )
-    texts = [f"{float(v):.1f}" for v in values]
+    texts = confidence_candidate_texts(values)
     require(
         len(set(texts)) == len(texts),
         f"rlcr.confidence_candidates are written with one decimal and must differ there, got {texts}",

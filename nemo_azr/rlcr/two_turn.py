@@ -43,6 +43,7 @@ from nemo_azr.rlcr.common import (
     HAS_CONFIDENCE,
     RowBuffer,
     calibration_step_metrics,
+    confidence_candidate_texts,
     continue_conversation,
     format_instruction,
     pad_id,
@@ -75,7 +76,7 @@ class TwoTurnRLCRWorkflow:
             tokenizer(self.prefill, add_special_tokens=False)["input_ids"] if self.prefill else []
         )
         # rlcr.confidence_decoding=enumerate: the values written after the prefill, and their ids
-        self.candidate_texts = [f"{float(v):.1f}" for v in self.settings.confidence_candidates]
+        self.candidate_texts = confidence_candidate_texts(self.settings.confidence_candidates)
         self.candidate_ids = [
             tokenizer(t, add_special_tokens=False)["input_ids"] for t in self.candidate_texts
         ]

@@ -166,13 +166,8 @@ class HFGenerationBackend(GenerationEngineBase):
         self, prompts: list[list[int]], conts: list[list[int]], temperature: float
     ) -> list[list[float]]:
         device = next(self.model.parameters()).device
-        b, width, span = len(prompts), max(len(p) for p in prompts), max(len(c) for c in conts)
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long, device=device)
-        attn = torch.zeros((b, width), dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):  # left padding, as for generation
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attn[i, width - len(p) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        b, span = len(prompts), max(len(c) for c in conts)
+        ids, attn, pos = self._left_padded(prompts, device)
         first_logits, past = self._encode_prompts(ids, attn, pos)
         cont = torch.full((b, span), self.pad_id, dtype=torch.long, device=device)
         for i, c in enumerate(conts):  # right padding: a padded column follows every real one
@@ -191,6 +186,19 @@ class HFGenerationBackend(GenerationEngineBase):
             logits = torch.cat([logits, rest], dim=1)
         logp = (logits / temperature).log_softmax(-1).gather(-1, cont[..., None])[..., 0]
         return [logp[i, : len(c)].tolist() for i, c in enumerate(conts)]
+
+    def _left_padded(
+        self, prompts: list[list[int]], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ids, attention mask and positions ``[B, W]`` of the prompts, left-padded so that every
+        prompt ends at the same column (where decoding or scoring continues)."""
+        b, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((b, width), self.pad_id, dtype=torch.long, device=device)
+        attn = torch.zeros((b, width), dtype=torch.long, device=device)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attn[i, width - len(p) :] = 1
+        return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
     def _next_logits(self, ids, attn, pos, past) -> tuple[torch.Tensor, object]:
         """float32 logits[B, V] of the last position, and the updated KV cache.
@@ -239,14 +247,7 @@ class HFGenerationBackend(GenerationEngineBase):
 
     def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
-        b = len(prompts)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((b, width), self.pad_id, dtype=torch.long, device=device)
-        attn = torch.zeros((b, width), dtype=torch.long, device=device)
-        for i, p in enumerate(prompts):  # left padding: every prompt ends at the same column
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            attn[i, width - len(p) :] = 1
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids, attn, pos = self._left_padded(prompts, device)
         logits, past = self._encode_prompts(ids, attn, pos)
         next_pos = pos[:, -1:] + 1
         if self._uses_static_decode(device):
