@@ -380,6 +380,11 @@ class RLCRConfig:
     confidence_candidates: list[float] = field(
         default_factory=lambda: [round(0.1 * i, 1) for i in range(11)]
     )  # enumerate: written with one decimal ("0.3")
+    # sampled confidence turn: also score confidence_candidates after each answer's prefill and record
+    # the policy's expected confidence (meta "expected_confidence", metrics rlcr/expected_*; the eval
+    # reports its calibration beside the stated one). Not in the reward. Same needs as enumerate;
+    # nemo-azr eval turns it on for a run trained with enumerate (decision 192)
+    expected_confidence_readout: bool = False
 
 
 @dataclass

@@ -5,6 +5,11 @@ diagram ``reliability.png``.
 Calibration points are the rows with a confidence turn (two-turn: each confidence of each answer;
 single-turn: each response), labelled with their answer's accuracy. A confidence that does not
 parse is left out of the calibration numbers and counted in ``confidence_parse_fail_rate``.
+
+With ``rlcr.expected_confidence_readout`` (on for a run trained with enumerated confidences), each
+answer's expected confidence over the candidates is scored too: ``expected_confidence`` holds its
+ECE, Brier and AUROC, and ``by_kind`` its per-kind AUROC and ECE (``expected_auroc``,
+``expected_ece``). One point per answer, however many confidences were sampled for it.
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ from typing import Any
 from nemo_azr.contracts import SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.rlcr.calibration import calibration_metrics, plot_reliability_diagram, reliability_bins
-from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, FORMAT_OK, HAS_CONFIDENCE
+from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, EXPECTED_CONFIDENCE, FORMAT_OK, HAS_CONFIDENCE
 
 DIAGRAM_FILE = "reliability.png"
-SAMPLE_KEYS = (F.SAMPLE_TYPE, ANSWER_CORRECT, CONFIDENCE, FORMAT_OK)
+SAMPLE_KEYS = (F.SAMPLE_TYPE, ANSWER_CORRECT, CONFIDENCE, FORMAT_OK, EXPECTED_CONFIDENCE)
 
 
 def run_calibration_eval(run) -> dict[str, Any]:
@@ -31,15 +36,19 @@ def run_calibration_eval(run) -> dict[str, Any]:
     points: list[tuple[float | None, float]] = []
     records: list[dict[str, Any]] = []
     kinds: dict[str, KindTally] = {}
+    expected: dict[str, tuple[float, float]] = {}  # answer id -> (expected confidence, correct)
     for batch in run.batches():
         records.extend(sample_records(batch, SAMPLE_KEYS))
-        for sample_type, acc, has_conf, conf, ok, example in zip(
+        none = [None] * len(batch)
+        for sample_type, acc, has_conf, conf, ok, example, exp, answer_id in zip(
             batch[F.SAMPLE_TYPE],
             batch[ANSWER_CORRECT],
             batch[HAS_CONFIDENCE],
             batch[CONFIDENCE],
             batch[FORMAT_OK],
-            batch.meta.get("example", [None] * len(batch)),
+            batch.meta.get("example", none),
+            batch.meta.get(EXPECTED_CONFIDENCE, none),
+            batch.meta.get(F.SUBGROUP_ID, none),
         ):
             kind = example_kind(example)
             tally = kinds.setdefault(kind, KindTally()) if kind is not None else None
@@ -52,6 +61,10 @@ def run_calibration_eval(run) -> dict[str, Any]:
                 points.append((conf, float(acc)))
                 if tally is not None and conf is not None:
                     tally.points.append((float(conf), float(acc)))
+                if exp is not None and answer_id not in expected:
+                    expected[answer_id] = (float(exp), float(acc))
+                    if tally is not None:
+                        tally.expected.append((float(exp), float(acc)))
 
     ev = run.cfg.eval
     parsed = [(c, y) for c, y in points if c is not None]
@@ -69,6 +82,11 @@ def run_calibration_eval(run) -> dict[str, Any]:
         "n_bins": ev.n_bins,
         "bins": bins,
     }
+    if expected:
+        exp_confs, exp_labels = zip(*expected.values())
+        result["expected_confidence"] = calibration_metrics(
+            list(exp_confs), list(exp_labels), n_bins=ev.n_bins
+        )
     if kinds:
         result["by_kind"] = {kind: kinds[kind].summary(ev.n_bins) for kind in sorted(kinds)}
     out = run.output_dir()
@@ -87,13 +105,14 @@ class KindTally:
 
     correct: list[float] = field(default_factory=list)
     points: list[tuple[float, float]] = field(default_factory=list)  # (confidence, its answer correct)
+    expected: list[tuple[float, float]] = field(default_factory=list)  # (expected confidence, correct)
 
     def summary(self, n_bins: int = 10) -> dict[str, float | int | None]:
         def rounded(value: float) -> float | None:
             return round(value, 4) if math.isfinite(value) else None
 
         calib = calibration_metrics([c for c, _ in self.points], [y for _, y in self.points], n_bins=n_bins)
-        return {
+        out = {
             "num_answers": len(self.correct),
             "answer_accuracy": rounded(sum(self.correct) / len(self.correct)) if self.correct else None,
             "n": calib["n"],  # parsed confidences
@@ -102,6 +121,13 @@ class KindTally:
             "ece": rounded(calib["ece"]),
             "brier": rounded(calib["brier"]),
         }
+        if self.expected:
+            exp = calibration_metrics(
+                [c for c, _ in self.expected], [y for _, y in self.expected], n_bins=n_bins
+            )
+            out["expected_auroc"] = rounded(exp["auroc"])
+            out["expected_ece"] = rounded(exp["ece"])
+        return out
 
 
 def _fmt(v: float) -> str:

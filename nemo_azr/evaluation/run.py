@@ -52,6 +52,9 @@ def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
     out.rlcr.num_generations_confidence = 1 if cfg.eval.greedy else cfg.eval.confidences_per_answer
     # the model states its confidence as it writes it (rlcr.confidence_decoding=enumerate is how
     # training reads the confidence's distribution, not what the model says)
+    # ... and, for such a run, the expected confidence over the candidates beside it
+    if cfg.rlcr.confidence_decoding == "enumerate":
+        out.rlcr.expected_confidence_readout = True
     out.rlcr.confidence_decoding = "sample"
     out.generation.n_samples = answers
     return out

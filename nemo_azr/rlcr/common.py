@@ -20,6 +20,9 @@ from nemo_azr.contracts.generation import Sample
 ANSWER_CORRECT = "answer_correct"
 CONFIDENCE = "confidence"
 HAS_CONFIDENCE = "has_confidence"
+#: two-turn, with enumerated candidates (rlcr.confidence_decoding=enumerate or
+#: rlcr.expected_confidence_readout): the answer's expected confidence over the candidates
+EXPECTED_CONFIDENCE = "expected_confidence"
 FORMAT_OK = "format_ok"
 
 #: Bins of the per-step confidence histogram (``rlcr/conf_hist_bin_k`` scalars).

@@ -50,9 +50,9 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
                 f"{r.num_generations_answer} (or rlcr.answer_decoding=greedy: one untrained answer per prompt)",
             )
         one_of("rlcr.confidence_decoding", r.confidence_decoding, CONFIDENCE_DECODINGS)
-        if r.confidence_decoding == "enumerate":
+        if r.confidence_decoding == "enumerate" or r.expected_confidence_readout:
             _check_enumerated_confidences(cfg)
-        else:
+        if r.confidence_decoding != "enumerate":
             require(
                 r.num_generations_confidence >= 2,
                 "rlcr.num_generations_confidence (G_c) must be >= 2 to normalise confidences per answer, "
@@ -65,6 +65,11 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"and the closing tag), got {r.confidence_prefill!r}",
         )
     else:
+        require(
+            not r.expected_confidence_readout,
+            "rlcr.expected_confidence_readout scores the candidates after the two-turn rollout's prefilled "
+            "<confidence> tag; the single turn has none (set it to false)",
+        )
         require(
             not r.confidence_prefill,
             "rlcr.confidence_prefill starts the confidence turn of the two-turn rollout; the single turn "
@@ -80,9 +85,14 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
 
 
 def _check_enumerated_confidences(cfg: NemoAzrConfig) -> None:
-    """``rlcr.confidence_decoding=enumerate``: the candidates follow the prefilled tag, and the
-    generation backend must score them."""
+    """``rlcr.confidence_decoding=enumerate`` or ``rlcr.expected_confidence_readout``: the candidates
+    follow the prefilled tag, and the generation backend must score them."""
     r = cfg.rlcr
+    what = (
+        "rlcr.confidence_decoding=enumerate"
+        if r.confidence_decoding == "enumerate"
+        else "rlcr.expected_confidence_readout"
+    )
     values = list(r.confidence_candidates)
     require(
         len(values) >= 2 and all(0.0 <= float(v) <= 1.0 for v in values),
@@ -95,11 +105,11 @@ def _check_enumerated_confidences(cfg: NemoAzrConfig) -> None:
     )
     require(
         r.confidence_prefill.endswith("<confidence>"),
-        "rlcr.confidence_decoding=enumerate scores each candidate as the text right after the opening "
+        f"{what} scores each candidate as the text right after the opening "
         f"tag: set rlcr.confidence_prefill='<confidence>', got {r.confidence_prefill!r}",
     )
     require(
         cfg.generation.backend == "hf",
-        "rlcr.confidence_decoding=enumerate needs a generation backend that scores continuations "
+        f"{what} needs a generation backend that scores continuations "
         f"(generation.backend=hf), got {cfg.generation.backend!r}",
     )

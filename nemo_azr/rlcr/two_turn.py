@@ -9,7 +9,9 @@ the batch (answer rows: accuracy; confidence rows: Brier against their own answe
 ``rlcr.confidence_prefill`` starts every confidence reply in its context (parsed as prefill + reply).
 ``rlcr.confidence_decoding=enumerate`` samples no confidence: every candidate value is a row with the
 backend's log-probs of writing it (``contracts.ScoresContinuations``), for the estimator's exact
-expected-Brier advantages (decision 190).
+expected-Brier advantages (decision 190). ``rlcr.expected_confidence_readout`` keeps the sampled
+confidences and records beside each the policy's expected confidence over the same candidates
+(``expected_confidence`` meta, ``rlcr/expected_*`` metrics; decision 192).
 
 Rows: ``sample_type`` answer | confidence, ``group_id`` = prompt, ``subgroup_id`` = answer,
 ``role`` = solver, ``loss_mask`` = the span masks ``M_ans`` / ``M_conf``. Answer rows come first,
@@ -39,6 +41,7 @@ from nemo_azr.rlcr.advantages import RLCR_INFO_KEY
 from nemo_azr.rlcr.common import (
     ANSWER_CORRECT,
     CONFIDENCE,
+    EXPECTED_CONFIDENCE,
     FORMAT_OK,
     HAS_CONFIDENCE,
     RowBuffer,
@@ -167,6 +170,7 @@ class TwoTurnRLCRWorkflow:
                         "example": ex,
                         ANSWER_CORRECT: acc,
                         CONFIDENCE: None,
+                        EXPECTED_CONFIDENCE: None,
                         HAS_CONFIDENCE: False,
                         FORMAT_OK: answer_format_ok(sample.text),
                     },
@@ -186,8 +190,18 @@ class TwoTurnRLCRWorkflow:
             )
             metrics = {**self._metrics(answers, confidences), **metrics}
         else:
-            confidences = self._sample_confidences(examples, pairs, backend, confidence_sampling)
+            expected = None
+            if s.expected_confidence_readout:
+                expected = [
+                    _expected_value(self.candidate_texts, w)
+                    for w in self._candidate_weights(pairs, backend, confidence_sampling.temperature)[1]
+                ]
+            confidences = self._sample_confidences(
+                examples, pairs, backend, confidence_sampling, expected=expected
+            )
             metrics = self._metrics(answers, confidences)
+            if expected is not None:
+                metrics.update(_expected_metrics(expected, [acc for *_, acc in pairs]))
 
         pad = pad_id(tok)
         batch = Batch.concat([answers.build(pad), confidences.build(pad)])
@@ -199,7 +213,9 @@ class TwoTurnRLCRWorkflow:
         return batch
 
     @staticmethod
-    def _confidence_meta(ex: Example, uid: str, group: str, answer_id: str, version: int, acc: float, c):
+    def _confidence_meta(
+        ex: Example, uid: str, group: str, answer_id: str, version: int, acc: float, c, expected=None
+    ):
         return {
             F.UID: uid,
             F.GROUP_ID: group,
@@ -211,17 +227,27 @@ class TwoTurnRLCRWorkflow:
             "example": ex,
             ANSWER_CORRECT: acc,
             CONFIDENCE: c,
+            EXPECTED_CONFIDENCE: expected,  # the answer's, over the candidates (None: not scored)
             HAS_CONFIDENCE: True,
             FORMAT_OK: c is not None,
         }
 
     def _sample_confidences(
-        self, examples: Sequence[Example], pairs: list, backend: GenerationBackend, sampling: SamplingParams
+        self,
+        examples: Sequence[Example],
+        pairs: list,
+        backend: GenerationBackend,
+        sampling: SamplingParams,
+        *,
+        expected: Sequence[float] | None = None,
     ) -> RowBuffer:
-        """Seed 003's turn 2: ``G_c`` sampled confidences per answer, rewarded by their Brier score."""
+        """Seed 003's turn 2: ``G_c`` sampled confidences per answer, rewarded by their Brier score.
+        ``expected``: each answer's expected confidence (``rlcr.expected_confidence_readout``), kept
+        on its confidence rows as meta; not part of the reward."""
         requests = [GenerationRequest(prompt_ids=ctx, request_id=aid) for _, _, aid, ctx, _ in pairs]
         confidences = RowBuffer()
-        for (i, group, answer_id, context, acc), out in zip(pairs, backend.generate(requests, sampling)):
+        outputs = backend.generate(requests, sampling)
+        for k, ((i, group, answer_id, context, acc), out) in enumerate(zip(pairs, outputs)):
             ex = examples[i]
             for h, sample in enumerate(out.samples):
                 c = parse_confidence(self.prefill + sample.text)
@@ -231,10 +257,39 @@ class TwoTurnRLCRWorkflow:
                     reward=brier_reward(acc, c),
                     span_mask=confidence_span_mask(sample.token_ids, self.tokenizer, prefill=self.prefill),
                     **self._confidence_meta(
-                        ex, f"{answer_id}-c{h}", group, answer_id, out.policy_version, acc, c
+                        ex,
+                        f"{answer_id}-c{h}",
+                        group,
+                        answer_id,
+                        out.policy_version,
+                        acc,
+                        c,
+                        expected[k] if expected is not None else None,
                     ),
                 )
         return confidences
+
+    def _candidate_weights(
+        self, pairs: list, backend: GenerationBackend, temperature: float
+    ) -> tuple[list[list[list[float]]], list[list[float]], list[float]]:
+        """Each answer's candidate confidences scored after its turn-2 context: per answer the
+        candidates' token log-probs, their probabilities renormalised over the candidates, and the
+        probability mass the candidates hold before renormalising."""
+        if not isinstance(backend, ScoresContinuations):
+            raise ConfigError(
+                "rlcr.confidence_decoding=enumerate and rlcr.expected_confidence_readout need a generation "
+                f"backend that scores continuations (generation.backend=hf); {type(backend).__name__} does not"
+            )
+        scored = backend.continuation_logprobs(
+            [ctx for _, _, _, ctx, _ in pairs], [self.candidate_ids] * len(pairs), temperature=temperature
+        )
+        weights, mass = [], []
+        for per_candidate in scored:
+            probs = [math.exp(sum(lp)) for lp in per_candidate]
+            total = sum(probs)
+            mass.append(total)
+            weights.append([p / total for p in probs] if total > 0 else [1.0 / len(probs)] * len(probs))
+        return scored, weights, mass
 
     def _enumerate_confidences(
         self, examples: Sequence[Example], pairs: list, backend: GenerationBackend, temperature: float
@@ -242,25 +297,14 @@ class TwoTurnRLCRWorkflow:
         """``rlcr.confidence_decoding=enumerate``: one row per candidate value per answer, carrying
         the policy's log-probs of writing it after the prefilled tag; the estimator weighs each by
         its probability (rlcr.advantages.expected_confidence_advantages). Nothing is sampled."""
-        if not isinstance(backend, ScoresContinuations):
-            raise ConfigError(
-                "rlcr.confidence_decoding=enumerate needs a generation backend that scores "
-                f"continuations (generation.backend=hf); {type(backend).__name__} does not"
-            )
         texts = self.candidate_texts
         ids = self.candidate_ids
-        scored = backend.continuation_logprobs(
-            [ctx for _, _, _, ctx, _ in pairs], [ids] * len(pairs), temperature=temperature
-        )
+        scored, all_weights, mass = self._candidate_weights(pairs, backend, temperature)
         confidences = RowBuffer()
-        expected, expected_reward, correct, mass = [], [], [], []
-        for (i, group, answer_id, context, acc), per_candidate in zip(pairs, scored):
+        expected, expected_reward, correct = [], [], []
+        for (i, group, answer_id, context, acc), per_candidate, weights in zip(pairs, scored, all_weights):
             ex = examples[i]
-            probs = [math.exp(sum(lp)) for lp in per_candidate]
-            total = sum(probs)
-            mass.append(total)
-            weights = [p / total for p in probs] if total > 0 else [1.0 / len(probs)] * len(probs)
-            expected.append(sum(w * float(t) for w, t in zip(weights, texts)))
+            expected.append(_expected_value(texts, weights))
             expected_reward.append(sum(w * brier_reward(acc, float(t)) for w, t in zip(weights, texts)))
             correct.append(acc)
             for h, (text, cand, logps) in enumerate(zip(texts, ids, per_candidate)):
@@ -274,7 +318,7 @@ class TwoTurnRLCRWorkflow:
                     reward=brier_reward(acc, c),
                     span_mask=[1] * len(cand),
                     **self._confidence_meta(
-                        ex, f"{answer_id}-c{h}", group, answer_id, backend.version, acc, c
+                        ex, f"{answer_id}-c{h}", group, answer_id, backend.version, acc, c, expected[-1]
                     ),
                 )
         # per answer: the policy's expected confidence and expected Brier reward (over the candidates)
@@ -327,6 +371,21 @@ class TwoTurnRLCRWorkflow:
 
 def _target_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def _expected_value(texts: Sequence[str], weights: Sequence[float]) -> float:
+    """The candidates' values (their text, "0.3") averaged under their weights."""
+    return sum(w * float(t) for w, t in zip(weights, texts))
+
+
+def _expected_metrics(expected: Sequence[float], correct: Sequence[float]) -> dict[str, float]:
+    """``rlcr.expected_confidence_readout``: the step's calibration numbers of the expected confidence
+    (one per answer), under ``rlcr/expected_*`` beside the sampled confidences' ``rlcr/*``."""
+    renamed = {}
+    for key, value in calibration_step_metrics(expected, correct).items():
+        if key in ("rlcr/confidence_mean", "rlcr/brier_score", "rlcr/confidence_auroc"):
+            renamed["rlcr/expected_" + key.removeprefix("rlcr/")] = value
+    return renamed
 
 
 def _fail_frac(flags: Sequence[bool]) -> float:

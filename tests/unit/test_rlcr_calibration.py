@@ -163,3 +163,61 @@ def test_step_metrics_auroc_by_hand():
     assert m["rlcr/confidence_auroc"] == pytest.approx(0.875)
     assert m["rlcr/confidence_mean"] == pytest.approx((0.9 + 0.8 + 0.1 + 0.8) / 4)
     assert "rlcr/confidence_auroc" not in calibration_step_metrics([0.9, 0.2], [1, 1])  # one class only
+
+
+def test_eval_scores_the_expected_confidence_once_per_answer(tmp_path):
+    """rlcr.expected_confidence_readout: the eval scores each answer's expected confidence once,
+    however many confidences were sampled for it, overall and within each kind."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nemo_azr.config.schema import NemoAzrConfig
+    from nemo_azr.contracts import Batch
+    from nemo_azr.contracts import fields as F
+    from nemo_azr.contracts.task import Example
+    from nemo_azr.evaluation.rlcr import run_calibration_eval
+    from nemo_azr.rlcr.common import (
+        ANSWER_CORRECT,
+        CONFIDENCE,
+        EXPECTED_CONFIDENCE,
+        FORMAT_OK,
+        HAS_CONFIDENCE,
+    )
+
+    lookup = Example("q0", "lookup?", "1", {"kind": "lookup"})
+    # four answers, right / wrong / right / wrong, expected confidences 0.8 / 0.5 / 0.4 / 0.2; every stated
+    # confidence is 0.3 (the greedy reply that tells nothing apart)
+    answers = [("a0", 1.0, 0.8), ("a1", 0.0, 0.5), ("a2", 1.0, 0.4), ("a3", 0.0, 0.2)]
+    rows = [(aid, "answer", y, None, None) for aid, y, _ in answers]
+    rows += [(aid, "confidence", y, 0.3, e) for aid, y, e in answers for _ in range(2)]  # 2 per answer
+    n = len(rows)
+    batch = Batch(
+        {F.REWARDS: torch.zeros(n)},
+        {
+            F.PROMPT_ID: ["q0"] * n,
+            F.PROMPT_TEXT: ["lookup?"] * n,
+            F.RESPONSE_TEXT: ["..."] * n,
+            F.SUBGROUP_ID: [r[0] for r in rows],
+            F.SAMPLE_TYPE: [r[1] for r in rows],
+            ANSWER_CORRECT: [r[2] for r in rows],
+            HAS_CONFIDENCE: [r[1] == "confidence" for r in rows],
+            CONFIDENCE: [r[3] for r in rows],
+            EXPECTED_CONFIDENCE: [r[4] for r in rows],
+            FORMAT_OK: [True] * n,
+            "example": [lookup] * n,
+        },
+    )
+    run = SimpleNamespace(
+        cfg=NemoAzrConfig(), batches=lambda: iter([batch]), summary=lambda: {}, output_dir=lambda: tmp_path
+    )
+    result = run_calibration_eval(run)
+    assert result["auroc"] == pytest.approx(0.5)  # the stated confidence: all tied
+    exp = result["expected_confidence"]
+    assert exp["n"] == 4  # one point per answer, not per sampled confidence
+    # right answers at 0.8 and 0.4 against wrong ones at 0.5 and 0.2: 3 of 4 pairs ordered -> 0.75
+    assert exp["auroc"] == pytest.approx(0.75)
+    # Brier by hand: ((0.8 - 1)^2 + 0.5^2 + (0.4 - 1)^2 + 0.2^2) / 4
+    assert exp["brier"] == pytest.approx((0.04 + 0.25 + 0.36 + 0.04) / 4)
+    assert result["by_kind"]["lookup"]["expected_auroc"] == pytest.approx(0.75)
+    assert result["by_kind"]["lookup"]["auroc"] == pytest.approx(0.5)

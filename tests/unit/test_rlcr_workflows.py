@@ -16,7 +16,13 @@ from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.preflight import load_config
 from nemo_azr.registry import WORKFLOWS
 from nemo_azr.rlcr import RLCR_INFO_KEY, SingleTurnRLCRWorkflow, TwoTurnRLCRWorkflow
-from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, HAS_CONFIDENCE, turn_suffix_ids
+from nemo_azr.rlcr.common import (
+    ANSWER_CORRECT,
+    CONFIDENCE,
+    EXPECTED_CONFIDENCE,
+    HAS_CONFIDENCE,
+    turn_suffix_ids,
+)
 from nemo_azr.rlcr.warmup import confidence_target
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.tasks.arithmetic import ArithmeticTask
@@ -446,8 +452,8 @@ class ScoringBackend(ScriptedBackend):
     """Also scores continuations (contracts.ScoresContinuations): candidate j of every context gets
     the log-prob ``log(probs[j])`` on its first token and 0 on the others; records the calls."""
 
-    def __init__(self, tokenizer, answers, probs):
-        super().__init__(tokenizer, answers, [])
+    def __init__(self, tokenizer, answers, probs, confidences=()):
+        super().__init__(tokenizer, answers, confidences)
         self.probs = probs
         self.scored = []
 
@@ -520,6 +526,16 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
     [
         (["rlcr.confidence_decoding=beam"], "rlcr.confidence_decoding"),
         (["rlcr.confidence_decoding=enumerate"], "rlcr.confidence_prefill='<confidence>'"),
+        (["rlcr.expected_confidence_readout=true"], "rlcr.confidence_prefill='<confidence>'"),
+        (
+            [
+                "rollout.workflow=rlcr_single_turn",
+                "rlcr.multi_turn=false",
+                "algorithm.estimator=grpo",
+                "rlcr.expected_confidence_readout=true",
+            ],
+            "single turn has none",
+        ),
         (
             [
                 'rlcr.confidence_prefill="<confidence>"',
@@ -553,7 +569,8 @@ def test_enumerated_confidence_config_validation(tiny_cache, overrides, message)
 
 def test_evaluation_decodes_the_confidence_of_an_enumerated_run(tok, tiny_cache):
     """`nemo-azr eval` of a run trained with enumerated confidences scores the confidence the model
-    writes (one greedy reply per answer), not the candidate rows."""
+    writes (one greedy reply per answer), not the candidate rows, and the expected confidence over
+    the candidates beside it."""
     from nemo_azr.evaluation.run import eval_config
 
     cfg = _cfg(
@@ -564,9 +581,45 @@ def test_evaluation_decodes_the_confidence_of_an_enumerated_run(tok, tiny_cache)
     )
     out = eval_config(cfg)
     assert out.rlcr.confidence_decoding == "sample" and out.rlcr.num_generations_confidence == 1
+    assert out.rlcr.expected_confidence_readout
     assert cfg.rlcr.confidence_decoding == "enumerate"  # the run's own config is left alone
     wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(out.data), tok, out)
-    backend = ScriptedBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], ["0.7</confidence>"])
+    probs = [0.0] * 11
+    probs[2], probs[9] = 0.25, 0.75  # candidates 0.2 and 0.9
+    backend = ScoringBackend(
+        tok, ["<think>3 + 4</think><answer>7</answer>"], [p or 1e-300 for p in probs], ["0.7</confidence>"]
+    )
     batch = wf.run(_examples(), backend, SamplingParams(n=1, greedy=True, max_new_tokens=30), step=0)
     rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
     assert len(rows) == 2 and all(batch[CONFIDENCE][i] == pytest.approx(0.7) for i in rows)
+    assert all(batch[EXPECTED_CONFIDENCE][i] == pytest.approx(0.25 * 0.2 + 0.75 * 0.9) for i in rows)
+
+
+def test_expected_confidence_readout_beside_sampled_confidences(tok, tiny_cache):
+    """rlcr.expected_confidence_readout in training: the sampled confidences keep their Brier rewards;
+    each answer's expected confidence over the candidates is meta on its rows and in the step's
+    rlcr/expected_* metrics (right answer: 0.5 * 0.1 + 0.5 * 0.9 = 0.5, Brier 0.25 for both)."""
+    cfg = _cfg(
+        tiny_cache,
+        "rlcr.answer_decoding=greedy",
+        "rlcr.num_generations_answer=1",
+        'rlcr.confidence_prefill="<confidence>"',
+        "rlcr.expected_confidence_readout=true",
+        "rlcr.confidence_candidates=[0.1,0.9]",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    backend = ScoringBackend(
+        tok, ["<think>3 + 4</think><answer>7</answer>"], [0.5, 0.5], ["0.8</confidence>", "0.6</confidence>"]
+    )
+    batch = wf.run(_examples(), backend, SamplingParams(n=2, temperature=0.7, max_new_tokens=30), step=0)
+    assert [kind for kind, _, _ in backend.calls] == ["answer", "confidence"]  # still sampled
+    rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
+    assert len(rows) == 2 * cfg.rlcr.num_generations_confidence
+    for i in rows:
+        acc, c = batch[ANSWER_CORRECT][i], batch[CONFIDENCE][i]
+        assert float(batch[F.REWARDS][i]) == pytest.approx(1 - (acc - c) ** 2)  # the sampled one's
+        assert batch[EXPECTED_CONFIDENCE][i] == pytest.approx(0.5)
+    m = batch.info["metrics"]
+    assert m["rlcr/expected_confidence_mean"] == pytest.approx(0.5)
+    assert m["rlcr/expected_brier_score"] == pytest.approx(0.25)
+    assert "rlcr/confidence_mean" in m and m["rlcr/confidence_mean"] != pytest.approx(0.5)
