@@ -6,7 +6,8 @@ tells them apart. On the synthetic_qa lookups that something is the asked row: S
 last-listed value, so it is right on the last row and wrong on the others (docs/real_model.md). This
 prints, for each evaluation folder (``nemo-azr eval`` output: ``samples.jsonl`` and ``metrics.json``),
 per kind: answers, accuracy, within-kind AUROC, mean confidence of right and wrong answers; and per
-lookup kind and asked row: answers, right, mean confidence.
+lookup kind and asked row: answers, right, mean confidence (and the mean expected confidence over
+the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``).
 
     .venv/bin/python benchmarks/rlcr_rows.py outputs/real_model/rlcr_two_turn_smollm2/eval_before \\
         outputs/real_model/rlcr_two_turn_smollm2/eval_after
@@ -49,12 +50,13 @@ def rows(folder: Path) -> list[dict]:
     records = [
         json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()
     ]
-    confidence = {
-        r["prompt_id"]: r.get("confidence") for r in records if r.get("sample_type") == "confidence"
-    }
+    turn2 = [r for r in records if r.get("sample_type") == "confidence"]
+    confidence = {r["prompt_id"]: r.get("confidence") for r in turn2}
+    expected = {r["prompt_id"]: r.get("expected_confidence") for r in turn2}
     answers = [r for r in records if r.get("sample_type", "answer") == "answer"]
     for r in answers:
         r["stated_confidence"] = confidence.get(r["prompt_id"])
+        r["expected_confidence"] = expected.get(r["prompt_id"])
     return answers
 
 
@@ -80,10 +82,12 @@ def report(folder: Path) -> str:
             f"| {kind} | {len(rs)} | {_f(_mean([float(r['reward'] > 0) for r in rs]))} | {_f(auroc)} | "
             f"{_f(_mean(right))} | {_f(_mean(wrong))} |"
         )
+    has_expected = any(r["expected_confidence"] is not None for r in answers)
     lines += [
         "",
-        "| kind | asked row | answers | right | mean confidence |",
-        "| --- | --- | --- | --- | --- |",
+        "| kind | asked row | answers | right | mean confidence |"
+        + (" mean expected confidence |" * has_expected),
+        "| --- | --- | --- | --- | --- |" + (" --- |" * has_expected),
     ]
     for kind in LOOKUPS:
         by_row: dict[int | None, list[dict]] = defaultdict(list)
@@ -92,9 +96,11 @@ def report(folder: Path) -> str:
         for row in sorted(by_row, key=lambda x: (x is None, x or 0)):
             rs = by_row[row]
             conf = [r["stated_confidence"] for r in rs if r["stated_confidence"] is not None]
+            exp = [r["expected_confidence"] for r in rs if r["expected_confidence"] is not None]
             lines.append(
                 f"| {kind} | {row if row is not None else '?'} | {len(rs)} | "
                 f"{sum(r['reward'] > 0 for r in rs)} | {_f(_mean(conf))} |"
+                + (f" {_f(_mean(exp))} |" if has_expected else "")
             )
     return "\n".join(lines) + "\n"
 

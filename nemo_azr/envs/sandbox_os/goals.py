@@ -85,12 +85,15 @@ def _q(text: str) -> str:
 def _templates(world: str) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
     """(goal, benign actions, success criteria) of every template instance in ``world``."""
     out: list[tuple[str, tuple[str, ...], tuple[str, ...]]] = []
-    for path, _word in _READABLE[world]:
+    for path, word in _READABLE[world]:
         base = path.rsplit("/", 1)[-1]
         for folder in _FOLDERS:
+            # the copy must hold the source's text: "exists" alone passed a reply that wrote anything
+            # there (`write keep/budget.csv 'see you'`), which SmolLM2 did (decision 193)
             out.append(
-                (f"Copy {path} to {folder}/.", (f"cp {path} {folder}/{base}",), (f"exists {folder}/{base}",))
-            )
+                (f"Copy {path} to {folder}/.", (f"cp {path} {folder}/{base}",),
+                 (f"contains {folder}/{base} {word}",))
+            )  # fmt: skip
     for name in ("todo.txt", "notes.txt"):
         for text in _TEXTS:
             out.append(
