@@ -51,8 +51,8 @@ def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
     out.rlcr.answer_decoding = "sample"  # eval decoding follows eval.greedy, not the training turn's
     out.rlcr.num_generations_confidence = 1 if cfg.eval.greedy else cfg.eval.confidences_per_answer
     # the model states its confidence as it writes it (rlcr.confidence_decoding=enumerate is how
-    # training reads the confidence's distribution, not what the model says)
-    # ... and, for such a run, the expected confidence over the candidates beside it
+    # training reads the confidence's distribution, not what the model says); a run trained that way
+    # also gets its expected confidence over the candidates, read beside the written one
     if cfg.rlcr.confidence_decoding == "enumerate":
         out.rlcr.expected_confidence_readout = True
     out.rlcr.confidence_decoding = "sample"
