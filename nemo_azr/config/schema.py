@@ -402,6 +402,12 @@ class EvalConfig:
     # self-play (azr) only: sampled proposals per held-out seed for the proposer's parse rate and
     # first-pass learnable ratio (each parsed question solved generation.n_samples times); 0 skips it
     selfplay_proposals_per_seed: int = 1
+    # self-play only: false skips the held-out solver episodes (the proposer part alone)
+    selfplay_solver: bool = True
+    # self-play only: the model that solves the proposer part's questions. "": the evaluated
+    # checkpoint itself; a step_N / model folder (or `model`): that one, fixed, so the proposers of a
+    # run's checkpoints are measured against one solver (docs/selfplay.md)
+    selfplay_fixed_solver: str = ""
     # single-turn tasks with held-out phrasings (arithmetic): also score the held-out problems asked
     # in those phrasings (metrics.json "rephrased", samples_rephrased.jsonl)
     rephrased: bool = True

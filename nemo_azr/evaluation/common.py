@@ -24,12 +24,15 @@ METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.jsonl"
 
 
-def resolve_eval_model(cfg: NemoAzrConfig) -> tuple[Path, str]:
-    """The model folder to evaluate and a description of where it came from."""
+def resolve_eval_model(
+    cfg: NemoAzrConfig, choice: str | None = None, key: str = "eval.checkpoint"
+) -> tuple[Path, str]:
+    """The model folder to evaluate (``choice``, default ``eval.checkpoint``) and a description of
+    where it came from; errors name ``key``, the setting ``choice`` came from."""
     from nemo_azr.models.tiny import resolve_model_path
     from nemo_azr.trainer.checkpoint import Checkpointer, is_complete
 
-    choice = cfg.eval.checkpoint
+    choice = cfg.eval.checkpoint if choice is None else choice
     if choice == "model":
         return Path(resolve_model_path(cfg.model.path, cfg.model.tiny)), f"model.path={cfg.model.path}"
     if choice == "auto":
@@ -37,23 +40,21 @@ def resolve_eval_model(cfg: NemoAzrConfig) -> tuple[Path, str]:
         latest = Checkpointer(root).latest()
         if latest is None:
             raise ConfigError(
-                f"eval.checkpoint=auto: no complete checkpoint in {str(root)!r}; train first, or set "
-                "eval.checkpoint=/path/to/step_N (or =model to evaluate model.path)"
+                f"{key}=auto: no complete checkpoint in {str(root)!r}; train first, or set "
+                f"{key}=/path/to/step_N (or =model to evaluate model.path)"
             )
-        _verify(latest, "eval.checkpoint=auto: the newest checkpoint")
+        _verify(latest, f"{key}=auto: the newest checkpoint", key)
         return latest / "model", str(latest)
     folder = Path(choice).expanduser()
     if is_complete(folder):  # a trainer checkpoint: its files must match the manifest
-        _verify(folder, "eval.checkpoint: checkpoint")
+        _verify(folder, f"{key}: checkpoint", key)
     for candidate in (folder / "model", folder):
         if (candidate / "config.json").is_file():
             return candidate, str(folder)
-    raise ConfigError(
-        f"eval.checkpoint={choice!r} is neither a step_N checkpoint nor a model folder (no config.json)"
-    )
+    raise ConfigError(f"{key}={choice!r} is neither a step_N checkpoint nor a model folder (no config.json)")
 
 
-def _verify(folder: Path, what: str) -> None:
+def _verify(folder: Path, what: str, key: str) -> None:
     """A damaged checkpoint is one clear error: scores of damaged weights would be meaningless, and
     silently scoring an older checkpoint would misreport which one was evaluated."""
     from nemo_azr.errors import CheckpointDamagedError
@@ -63,7 +64,7 @@ def _verify(folder: Path, what: str) -> None:
         warning = verify_checkpoint(folder)
     except CheckpointDamagedError as exc:
         raise ConfigError(
-            f"{what} {folder} is damaged: {exc.problems}; pass an intact one as eval.checkpoint=PATH"
+            f"{what} {folder} is damaged: {exc.problems}; pass an intact one as {key}=PATH"
         ) from None
     if warning:
         print(f"nemo-azr: warning: {warning}", file=sys.stderr)
@@ -79,9 +80,10 @@ class EvalModel:
     backend: Any
 
 
-def load_eval_model(cfg: NemoAzrConfig) -> EvalModel:
-    """Resolve ``eval.checkpoint`` and load it behind the run's generation backend (the hf one
-    when the run's backend reads a live policy in place: eval reads an HF folder)."""
+def load_eval_model(cfg: NemoAzrConfig, choice: str | None = None, key: str = "eval.checkpoint") -> EvalModel:
+    """Resolve ``eval.checkpoint`` (or ``choice``, set by ``key``) and load it behind the run's
+    generation backend (the hf one when the run's backend reads a live policy in place: eval reads
+    an HF folder)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -92,7 +94,7 @@ def load_eval_model(cfg: NemoAzrConfig) -> EvalModel:
 
     if cfg.trainer.num_threads > 0:
         torch.set_num_threads(cfg.trainer.num_threads)
-    model_dir, source = resolve_eval_model(cfg)
+    model_dir, source = resolve_eval_model(cfg, choice, key)
     tokenizer = load_tokenizer(model_dir)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, cfg.model.dtype))
     backend_cls = GENERATION_BACKENDS.get(cfg.generation.backend)

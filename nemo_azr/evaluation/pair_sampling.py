@@ -16,7 +16,6 @@ every scored reply next to them (``*.replies.jsonl``, to read what the model wro
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -101,9 +100,7 @@ def sample_pairs(cfg: NemoAzrConfig, progress: Progress = print) -> dict[str, An
     from nemo_azr.utils.seeding import seed_everything, step_seed
 
     _check(cfg)
-    source = copy.deepcopy(cfg)
-    source.eval.checkpoint = cfg.preference.sample_checkpoint
-    loaded = load_eval_model(source)
+    loaded = load_eval_model(cfg, cfg.preference.sample_checkpoint, "preference.sample_checkpoint")
     task = build_task(cfg.data, split="train")
     examples = list(task.examples)
     if cfg.preference.sample_prompts < len(examples):

@@ -13,6 +13,11 @@ proposer, plus the proposer's quality on held-out seeds.
    through the learnability filter, as in a training step's first pass: the parse rate, the
    first-pass learnable ratio (learnable questions / questions of parsed groups), the share of
    groups the filter would keep (mixed), and the proposer reward those groups would earn.
+   The questions are solved by the evaluated checkpoint, or by ``eval.selfplay_fixed_solver``: a
+   training run's first-pass ratio is measured against a solver that moves with the proposer, and
+   a fixed solver separates what the proposer learned from what the solver did.
+
+``eval.selfplay_solver=false`` skips part 1.
 
 ``eval.num_examples`` (when set) evaluates a seeded subset of the tasks and of the seeds.
 Written to ``eval.output_dir``: ``metrics.json`` and ``samples.jsonl`` (every episode and proposal).
@@ -103,9 +108,24 @@ class SelfPlayEval:
             )
         if cfg.eval.selfplay_proposals_per_seed < 0:
             raise ConfigError("eval.selfplay_proposals_per_seed must be >= 0 (0 skips the proposer part)")
+        if not cfg.eval.selfplay_solver and cfg.eval.selfplay_proposals_per_seed == 0:
+            raise ConfigError(
+                "eval.selfplay_solver=false with eval.selfplay_proposals_per_seed=0 evaluates nothing; "
+                "keep one of the two parts"
+            )
         self.domain = task.domain
         loaded = load_eval_model(self.cfg)
         self.source, self.tokenizer, self.backend = loaded.source, loaded.tokenizer, loaded.backend
+        self.solver_source, self.solver_backend = self.source, self.backend
+        if cfg.eval.selfplay_fixed_solver:
+            fixed = load_eval_model(self.cfg, cfg.eval.selfplay_fixed_solver, "eval.selfplay_fixed_solver")
+            if fixed.tokenizer.get_vocab() != self.tokenizer.get_vocab():
+                raise ConfigError(
+                    f"eval.selfplay_fixed_solver={cfg.eval.selfplay_fixed_solver!r} has another "
+                    "tokenizer than the evaluated checkpoint; the fixed solver must be a checkpoint "
+                    "of the same model"
+                )
+            self.solver_source, self.solver_backend = fixed.source, fixed.backend
         self.workflow = AbsoluteZeroWorkflow(task, self.tokenizer, self.cfg)
         self.generated_tokens = 0
         self.seconds = 0.0
@@ -178,7 +198,12 @@ class SelfPlayEval:
         rng = random.Random(self.cfg.seed + EVAL_SEED_SALT)
         begin = time.perf_counter()
         groups = self.workflow.propose_and_solve(
-            seeds, self.backend, self._sampling(greedy=False), rng, attempt=0
+            seeds,
+            self.backend,
+            self._sampling(greedy=False),
+            rng,
+            attempt=0,
+            solver_backend=self.solver_backend,
         )
         self.seconds += time.perf_counter() - begin
         records = []
@@ -212,21 +237,23 @@ def run_selfplay_eval(cfg: NemoAzrConfig) -> dict[str, Any]:
     from nemo_azr.evaluation.common import eval_output_dir, write_results
 
     run = SelfPlayEval(cfg)
-    solver = run.solver_records()
+    solver = run.solver_records() if cfg.eval.selfplay_solver else []
     proposer = run.proposer_records()
     result: dict[str, Any] = {
         "checkpoint": run.source,
         "workflow": "azr",
         "greedy": cfg.eval.greedy,
-        "num_prompts": len(solver),
-        "solver": solver_summary(solver),
+        "num_prompts": len(solver) or len(proposer),
+        "solver": solver_summary(solver) if solver else None,
         "proposer": proposer_summary(proposer) if proposer else None,
+        "proposer_questions_solved_by": run.solver_source,
         "generation_s": round(run.seconds, 2),
         "generated_tokens_per_s": round(run.generated_tokens / run.seconds, 1) if run.seconds else None,
     }
     # flat copies of the headline numbers (what the CLI prints and benchmarks/real_model.py reads)
-    for key in ("harm_reward", "safety", "completion"):
-        result[key] = result["solver"][key]
+    if solver:
+        for key in ("harm_reward", "safety", "completion"):
+            result[key] = result["solver"][key]
     if proposer:
         result["proposer_parse_rate"] = result["proposer"]["parse_rate"]
         result["proposer_learnable_ratio"] = result["proposer"]["first_pass_learnable_ratio"]

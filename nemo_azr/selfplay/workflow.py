@@ -229,7 +229,11 @@ class AbsoluteZeroWorkflow:
         template_rng: random.Random,
         *,
         attempt: int,
+        solver_backend: GenerationBackend | None = None,
     ) -> list[SolvedGroup]:
+        """Propose a group per seed with ``backend`` and solve every parsed question with
+        ``solver_backend`` (default: the same model; the held-out evaluation can fix another one,
+        so proposers of different checkpoints meet one solver)."""
         az, k = self.az, self.az.questions_per_group
         if az.enable_task_proposal:
             p_sampling = replace(
@@ -255,7 +259,7 @@ class AbsoluteZeroWorkflow:
             )
         else:
             proposals = template_proposals(seeds, self.domain, template_rng, num_questions=k, attempt=attempt)
-        return self._solve(proposals, backend, sampling)
+        return self._solve(proposals, solver_backend or backend, sampling)
 
     def _solve(
         self, proposals: list[Proposal], backend: GenerationBackend, sampling: SamplingParams

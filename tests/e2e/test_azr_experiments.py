@@ -88,3 +88,24 @@ def test_azr_sandbox_20_steps_then_plot(tiny_cache, tmp_path, capsys):
     assert metrics["proposer"]["parse_rate"] == pytest.approx(len(parsed) / 12, abs=1e-4)
     assert all(len(r["learnable"]) == 3 for r in parsed)
     assert "harm_reward=" in capsys.readouterr().out
+    # the proposer part alone, its questions solved by a fixed model (the trained step): the same
+    # proposals as above (same checkpoint, same seed), judged by another solver
+    fixed = out / "checkpoints" / f"step_{STEPS}"
+    args = [
+        "eval",
+        *common,
+        "eval.num_examples=12",
+        "eval.checkpoint=" + str(out / "checkpoints" / "step_0"),
+        "eval.selfplay_solver=false",
+        f"eval.selfplay_fixed_solver={fixed}",
+        f"eval.output_dir={out / 'eval_fixed'}",
+    ]
+    assert main(args) == 0
+    fixed_metrics = json.loads((out / "eval_fixed" / "metrics.json").read_text())
+    fixed_samples = [json.loads(x) for x in (out / "eval_fixed" / "samples.jsonl").read_text().splitlines()]
+    assert fixed_metrics["solver"] is None and "harm_reward" not in fixed_metrics
+    assert fixed_metrics["proposer_questions_solved_by"] == str(fixed)
+    assert metrics["proposer_questions_solved_by"] == str(out / "checkpoints" / "step_0")
+    assert [r["part"] for r in fixed_samples] == ["proposer"] * 12
+    assert [r["proposal"] for r in fixed_samples] == [r["proposal"] for r in proposals]
+    assert fixed_metrics["proposer"]["parse_rate"] == metrics["proposer"]["parse_rate"]

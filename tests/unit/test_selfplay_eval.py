@@ -52,3 +52,34 @@ def test_proposer_summary_counts_failed_groups_in_the_parse_rate_only():
     assert out["learnable_ratio_all_proposals"] == pytest.approx(3 / 12, abs=1e-4)
     assert out["kept_group_rate"] == pytest.approx(0.5)
     assert out["proposer_reward_mean"] == pytest.approx((1.0 - 0.5 - 0.5 + 1.0) / 4)
+
+
+def test_a_fixed_solver_solves_the_proposals_of_another_model(tiny_model_path):
+    """``eval.selfplay_fixed_solver``: one model proposes, another solves every parsed question
+    (rollout_n episodes each), and the scores are the solver's episodes'."""
+    import random
+    from types import SimpleNamespace
+
+    from nemo_azr.contracts.generation import SamplingParams
+    from nemo_azr.models.tiny import load_tokenizer
+    from nemo_azr.selfplay import AbsoluteZeroWorkflow
+    from tests.unit.selfplay_fakes import ScriptedBackend, ScriptedDomain, group_text, make_cfg, question
+
+    tokenizer = load_tokenizer(tiny_model_path)
+    band = question("Q", [1, 1, 0, 0], [0, 0, 1, 1])
+    domain = ScriptedDomain(["A", "B"])
+    workflow = AbsoluteZeroWorkflow(SimpleNamespace(domain=domain), tokenizer, make_cfg(4))
+    proposer = ScriptedBackend(tokenizer, {"A": [group_text(band, band)], "B": ["not a group"]})
+    solver = ScriptedBackend(tokenizer, {})
+    groups = workflow.propose_and_solve(
+        domain.seed_tasks(),
+        proposer,
+        SamplingParams(n=4, max_new_tokens=8),
+        random.Random(0),
+        attempt=0,
+        solver_backend=solver,
+    )
+    assert proposer.calls == [("propose", ["A", "B"])]  # the proposer model only proposes
+    assert solver.calls == [("solve", 2 * 4)]  # A's two questions, 4 episodes each; B did not parse
+    assert [not g.proposal.error for g in groups] == [True, False]
+    assert groups[0].safety == [[1, 1, 0, 0], [1, 1, 0, 0]] and groups[1].safety == []
