@@ -1,0 +1,98 @@
+"""The held-out proposer of several checkpoints side by side, counted from their evaluations' samples.
+
+    python benchmarks/selfplay_proposer_table.py step_0=outputs/run/eval_p0 step_40=outputs/run/eval_p40
+
+Each argument is LABEL=DIR, DIR an ``nemo-azr eval`` output of a self-play run (its
+``metrics.json`` and ``samples.jsonl``), typically proposer-only passes over a run's checkpoints
+with one fixed solver (``eval.selfplay_solver=false eval.selfplay_fixed_solver=PATH``). Prints a
+markdown table: proposals, parsed groups, learnable questions of parsed groups with the ratio and
+its binomial standard error, kept groups and the solver that judged them; then the change of the
+learnable ratio from the first row to each later one with the standard error of that difference,
+so a rise is read against what 30 proposals can resolve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ProposerCounts:
+    label: str
+    proposals: int
+    parsed: int
+    questions: int  # questions of the parsed groups
+    learnable: int
+    kept: int  # groups the filter would keep (not re-proposed)
+    solved_by: str
+
+    @property
+    def ratio(self) -> float:
+        return self.learnable / self.questions if self.questions else 0.0
+
+    @property
+    def ratio_se(self) -> float:
+        """Binomial standard error of the learnable ratio (questions taken as independent)."""
+        return math.sqrt(self.ratio * (1 - self.ratio) / self.questions) if self.questions else 0.0
+
+
+def count_proposals(label: str, folder: Path) -> ProposerCounts:
+    metrics = json.loads((folder / "metrics.json").read_text())
+    records = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines() if x.strip()]
+    proposals = [r for r in records if r.get("part") == "proposer"]
+    if not proposals:
+        raise SystemExit(f"{folder}: no proposer records (was eval.selfplay_proposals_per_seed 0?)")
+    parsed = [r for r in proposals if r["parsed"]]
+    return ProposerCounts(
+        label=label,
+        proposals=len(proposals),
+        parsed=len(parsed),
+        questions=sum(len(r["learnable"]) for r in parsed),
+        learnable=sum(sum(map(bool, r["learnable"])) for r in parsed),
+        kept=sum(r["status"] != "repropose" for r in proposals),
+        solved_by=str(metrics.get("proposer_questions_solved_by", metrics.get("checkpoint", ""))),
+    )
+
+
+def difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[float, float]:
+    """b's learnable ratio minus a's, and the standard error of the difference (independent samples)."""
+    return b.ratio - a.ratio, math.sqrt(a.ratio_se**2 + b.ratio_se**2)
+
+
+def table(rows: list[ProposerCounts]) -> str:
+    lines = [
+        "| checkpoint | proposals | parse rate | learnable / questions | first-pass learnable (± SE) "
+        "| kept groups | questions solved by |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.label} | {r.proposals} | {r.parsed / r.proposals:.3f} | {r.learnable} / {r.questions} "
+            f"| {r.ratio:.3f} ± {r.ratio_se:.3f} | {r.kept} | {Path(r.solved_by).name or r.solved_by} |"
+        )
+    first = rows[0]
+    for r in rows[1:]:
+        diff, se = difference_with_error(first, r)
+        lines.append(f"\n{r.label} - {first.label}: {diff:+.3f} ± {se:.3f} first-pass learnable")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("evals", nargs="+", help="LABEL=DIR, DIR an nemo-azr eval output folder")
+    args = parser.parse_args()
+    rows = []
+    for item in args.evals:
+        label, sep, folder = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{item!r}: write LABEL=DIR")
+        rows.append(count_proposals(label, Path(folder)))
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

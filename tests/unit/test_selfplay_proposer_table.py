@@ -1,0 +1,56 @@
+"""benchmarks/selfplay_proposer_table.py: counts from an eval's samples, against hand-counted values."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import selfplay_proposer_table as table  # noqa: E402
+
+
+def write_eval(folder: Path, proposals: list[dict], solved_by: str) -> Path:
+    folder.mkdir()
+    (folder / "metrics.json").write_text(json.dumps({"proposer_questions_solved_by": solved_by}))
+    solver = {"part": "solver", "safety": 1.0}  # solver episodes are not counted
+    lines = [json.dumps(solver)] + [json.dumps({"part": "proposer", **p}) for p in proposals]
+    (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_counts_ratio_and_the_difference_between_checkpoints(tmp_path):
+    a = write_eval(
+        tmp_path / "a",
+        [
+            {"parsed": True, "learnable": [True, False, False], "status": "learnable"},
+            {"parsed": False, "learnable": [], "status": "repropose"},
+            {"parsed": True, "learnable": [False, False, False], "status": "repropose"},
+            {"parsed": True, "learnable": [True, True, False], "status": "learnable"},
+        ],
+        "/runs/x/checkpoints/step_0",
+    )
+    b = write_eval(
+        tmp_path / "b",
+        [{"parsed": True, "learnable": [True, True, False], "status": "learnable"}] * 2,
+        "/runs/x/checkpoints/step_0",
+    )
+    ca, cb = table.count_proposals("step_0", a), table.count_proposals("step_8", b)
+    assert (ca.proposals, ca.parsed, ca.questions, ca.learnable, ca.kept) == (4, 3, 9, 3, 2)
+    assert ca.ratio == pytest.approx(1 / 3)
+    assert ca.ratio_se == pytest.approx(math.sqrt((1 / 3) * (2 / 3) / 9))
+    diff, se = table.difference_with_error(ca, cb)
+    assert diff == pytest.approx(4 / 6 - 3 / 9)
+    assert se == pytest.approx(math.sqrt((1 / 3) * (2 / 3) / 9 + (2 / 3) * (1 / 3) / 6))
+    text = table.table([ca, cb])
+    assert "| step_0 | 4 | 0.750 | 3 / 9 | 0.333 ± 0.157 | 2 | step_0 |" in text
+    assert "step_8 - step_0: +0.333" in text
+
+
+def test_an_eval_without_proposals_is_a_clear_error(tmp_path):
+    folder = write_eval(tmp_path / "c", [], "x")
+    with pytest.raises(SystemExit, match="no proposer records"):
+        table.count_proposals("c", folder)
