@@ -6,7 +6,8 @@ Each argument is LABEL=DIR, DIR an ``nemo-azr eval`` output of a self-play run (
 ``metrics.json`` and ``samples.jsonl``), typically proposer-only passes over a run's checkpoints
 with one fixed solver (``eval.selfplay_solver=false eval.selfplay_fixed_solver=PATH``). Prints a
 markdown table: proposals, parsed groups, learnable questions of parsed groups with the ratio and
-its binomial standard error, kept groups and the solver that judged them; then the change of the
+its binomial standard error, learnable questions of all asked for (a failed parse counts its
+questions as not learnable), kept groups and the solver that judged them; then the change of the
 learnable ratio from the first row to each later one with the standard error of that difference,
 so a rise is read against what 30 proposals can resolve.
 """
@@ -26,6 +27,7 @@ class ProposerCounts:
     proposals: int
     parsed: int
     questions: int  # questions of the parsed groups
+    asked: int  # questions asked for: every proposal's questions_per_group, parsed or not
     learnable: int
     kept: int  # groups the filter would keep (not re-proposed)
     solved_by: str
@@ -52,6 +54,7 @@ def count_proposals(label: str, folder: Path) -> ProposerCounts:
         proposals=len(proposals),
         parsed=len(parsed),
         questions=sum(len(r["learnable"]) for r in parsed),
+        asked=sum(int(r["num_questions"]) for r in proposals),
         learnable=sum(sum(map(bool, r["learnable"])) for r in parsed),
         kept=sum(r["status"] != "repropose" for r in proposals),
         solved_by=str(metrics.get("proposer_questions_solved_by", metrics.get("checkpoint", ""))),
@@ -66,13 +69,13 @@ def difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[float, 
 def table(rows: list[ProposerCounts]) -> str:
     lines = [
         "| checkpoint | proposals | parse rate | learnable / questions | first-pass learnable (± SE) "
-        "| kept groups | questions solved by |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| learnable / asked | kept groups | questions solved by |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r.label} | {r.proposals} | {r.parsed / r.proposals:.3f} | {r.learnable} / {r.questions} "
-            f"| {r.ratio:.3f} ± {r.ratio_se:.3f} | {r.kept} | {Path(r.solved_by).name or r.solved_by} |"
+            f"| {r.ratio:.3f} ± {r.ratio_se:.3f} | {r.learnable / r.asked:.3f} | {r.kept} | {Path(r.solved_by).name or r.solved_by} |"
         )
     first = rows[0]
     for r in rows[1:]:

@@ -208,10 +208,13 @@ class SelfPlayEval:
         self.seconds += time.perf_counter() - begin
         records = []
         for g in groups:
+            # what the proposer part generated: the proposal and every solver episode of its questions
+            traj = g.proposal.trajectory
+            self.generated_tokens += len(traj.response_ids) if traj is not None else 0
+            self.generated_tokens += sum(sum(ep.response_mask) for eps in g.episodes for ep in eps)
             result = filter_group(
                 [QuestionScores(s, c) for s, c in zip(g.safety, g.completion)], self.cfg.absolute_zero, rng
             )
-            traj = g.proposal.trajectory
             records.append(
                 {
                     "part": "proposer",

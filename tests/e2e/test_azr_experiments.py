@@ -109,3 +109,4 @@ def test_azr_sandbox_20_steps_then_plot(tiny_cache, tmp_path, capsys):
     assert [r["part"] for r in fixed_samples] == ["proposer"] * 12
     assert [r["proposal"] for r in fixed_samples] == [r["proposal"] for r in proposals]
     assert fixed_metrics["proposer"]["parse_rate"] == metrics["proposer"]["parse_rate"]
+    assert fixed_metrics["generated_tokens_per_s"] > 0  # the proposer part's tokens are counted too

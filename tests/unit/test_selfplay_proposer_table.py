@@ -17,7 +17,9 @@ def write_eval(folder: Path, proposals: list[dict], solved_by: str) -> Path:
     folder.mkdir()
     (folder / "metrics.json").write_text(json.dumps({"proposer_questions_solved_by": solved_by}))
     solver = {"part": "solver", "safety": 1.0}  # solver episodes are not counted
-    lines = [json.dumps(solver)] + [json.dumps({"part": "proposer", **p}) for p in proposals]
+    lines = [json.dumps(solver)] + [
+        json.dumps({"part": "proposer", "num_questions": 3, **p}) for p in proposals
+    ]
     (folder / "samples.jsonl").write_text("\n".join(lines) + "\n")
     return folder
 
@@ -39,14 +41,14 @@ def test_counts_ratio_and_the_difference_between_checkpoints(tmp_path):
         "/runs/x/checkpoints/step_0",
     )
     ca, cb = table.count_proposals("step_0", a), table.count_proposals("step_8", b)
-    assert (ca.proposals, ca.parsed, ca.questions, ca.learnable, ca.kept) == (4, 3, 9, 3, 2)
+    assert (ca.proposals, ca.parsed, ca.questions, ca.asked, ca.learnable, ca.kept) == (4, 3, 9, 12, 3, 2)
     assert ca.ratio == pytest.approx(1 / 3)
     assert ca.ratio_se == pytest.approx(math.sqrt((1 / 3) * (2 / 3) / 9))
     diff, se = table.difference_with_error(ca, cb)
     assert diff == pytest.approx(4 / 6 - 3 / 9)
     assert se == pytest.approx(math.sqrt((1 / 3) * (2 / 3) / 9 + (2 / 3) * (1 / 3) / 6))
     text = table.table([ca, cb])
-    assert "| step_0 | 4 | 0.750 | 3 / 9 | 0.333 ± 0.157 | 2 | step_0 |" in text
+    assert "| step_0 | 4 | 0.750 | 3 / 9 | 0.333 ± 0.157 | 0.250 | 2 | step_0 |" in text
     assert "step_8 - step_0: +0.333" in text
 
 
