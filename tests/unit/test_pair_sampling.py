@@ -56,6 +56,11 @@ def test_pairs_take_a_best_reply_against_a_worst_one_per_prompt():
         ("generation.n_samples=1 algorithm.estimator=reinforce_plus_plus", "at least 2 replies"),
         ("experiment=rlcr_two_turn", "single-turn"),
         ("preference.sample_prompts=0", "sample_prompts must be >= 1"),
+        # the error names the setting the path came from, not eval.checkpoint
+        (
+            "preference.sample_checkpoint=/no/such/model",
+            "preference.sample_checkpoint='/no/such/model' is neither",
+        ),
     ],
 )
 def test_bad_sampling_settings_are_one_line_errors(tiny_cache, tmp_path, override, message):
