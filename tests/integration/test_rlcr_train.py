@@ -153,29 +153,25 @@ def test_eval_of_self_play_without_a_held_out_set_is_a_clear_error(tiny_cache, t
     assert "has no held-out set" in err and "plot-selfplay" in err
 
 
-def test_self_play_eval_with_both_parts_off_is_a_clear_error(tiny_cache, tmp_path, capsys):
+def _sandbox_eval_error(tiny_cache, tmp_path, capsys, *overrides) -> str:
+    """stderr of an `azr_sandbox` eval of the untrained model that must stop with a config error."""
     args = [
         "eval",
         "experiment=azr_sandbox",
         f"model.tiny.cache_dir={tiny_cache}",
         f"trainer.output_dir={tmp_path}",
         "eval.checkpoint=model",
-        "eval.selfplay_solver=false",
-        "eval.selfplay_proposals_per_seed=0",
+        *overrides,
     ]
     assert main(args) == 2
-    assert "evaluates nothing" in capsys.readouterr().err
+    return capsys.readouterr().err
+
+
+def test_self_play_eval_with_both_parts_off_is_a_clear_error(tiny_cache, tmp_path, capsys):
+    overrides = ("eval.selfplay_solver=false", "eval.selfplay_proposals_per_seed=0")
+    assert "evaluates nothing" in _sandbox_eval_error(tiny_cache, tmp_path, capsys, *overrides)
 
 
 def test_a_missing_fixed_solver_names_its_setting(tiny_cache, tmp_path, capsys):
-    args = [
-        "eval",
-        "experiment=azr_sandbox",
-        f"model.tiny.cache_dir={tiny_cache}",
-        f"trainer.output_dir={tmp_path}",
-        "eval.checkpoint=model",
-        f"eval.selfplay_fixed_solver={tmp_path / 'nope'}",
-    ]
-    assert main(args) == 2
-    err = capsys.readouterr().err
+    err = _sandbox_eval_error(tiny_cache, tmp_path, capsys, f"eval.selfplay_fixed_solver={tmp_path / 'nope'}")
     assert "eval.selfplay_fixed_solver=" in err and "neither a step_N checkpoint nor a model folder" in err
