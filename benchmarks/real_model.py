@@ -10,7 +10,8 @@ For one experiment (``--experiment NAME``) this runs, each as the user would typ
 Self-play on code (``azr_code_smollm2``) has no held-out answers: its proposer valid-task rate and
 solver accuracy are read from the training metrics, tabulated and plotted. Self-play in sandbox_os
 (``azr_sandbox_smollm2``, ``azr_sandbox_smollm2_judge``) has a held-out set: it is evaluated untrained,
-after the supervised warm-up (``step_0``, the RL start point) and after training, and its training
+after the supervised warm-up (``step_0``, the RL start point) and after training, its warmed-up and
+trained proposers are measured against one fixed solver (``step_0``), and its training
 curves (learnable ratio, proposer reward, parse rate, safety, completion) are plotted. Results of every experiment run so
 far are merged into ``benchmarks/results/real_model.json`` and ``real_model.md`` is rewritten from it,
 so experiments can be run one at a time (each takes from tens of minutes to a few hours on 2 cores):
@@ -65,6 +66,9 @@ HELDOUT_SERIES = {
     "solver completion": "harm/completion_score_mean",
 }
 WINDOW_HELDOUT = 10  # steps averaged at the start and the end of a sandbox self-play run
+# The proposer measured against one fixed solver (the warmed-up step_0; decision 194): proposals per
+# held-out goal. 6 x 30 goals gives about 500 questions, a standard error near 0.015 on the ratio.
+FIXED_SOLVER_PROPOSALS = 6
 RLCR = {"rlcr_two_turn_smollm2", "rlcr_single_turn_smollm2"}
 SAMPLES_SHOWN = 3
 WINDOW = 5  # steps averaged at the start and the end of a self-play run
@@ -243,9 +247,49 @@ def run_heldout_selfplay(name: str, out: Path, base: list[str], trained: bool) -
         result["train"] = train_summary(out, run([*nemo_azr(), "train", *base], out / "train.log"))
     run([*nemo_azr(), "eval", *base, f"eval.output_dir={out}/eval_trained"], out / "eval_trained.log")
     result["trained"] = eval_summary(out / "eval_trained")
+    result["fixed_solver"] = fixed_solver_proposers(out, base, result["trained"]["checkpoint"])
     result["curves"] = heldout_selfplay_curves(out, name)
     result["samples"] = {k: heldout_samples(out / f"eval_{k}") for k in ("untrained", "warmed_up", "trained")}
     return result
+
+
+def fixed_solver_proposers(out: Path, base: list[str], trained_checkpoint: str) -> dict:
+    """The warmed-up and the trained proposer on the held-out goals, every parsed question solved by
+    the warmed-up step_0: counts, ratios and the change with its standard error. A pass already in its
+    folder is reused when it evaluated the same checkpoint."""
+    from selfplay_proposer_table import asked_difference_with_error, count_proposals, difference_with_error
+
+    step0 = f"{out}/checkpoints/step_0"
+    counts = {}
+    for label, checkpoint in (("warmed_up", step0), ("trained", trained_checkpoint)):
+        folder = out / f"eval_fixed_{label}"
+        done = folder / "metrics.json"
+        same = (
+            done.exists()
+            and Path(json.loads(done.read_text()).get("checkpoint", "")).resolve()
+            == Path(checkpoint).resolve()
+        )
+        if not same:
+            run([*nemo_azr(), "eval", *base, f"eval.checkpoint={checkpoint}", "eval.selfplay_solver=false",
+                 f"eval.selfplay_fixed_solver={step0}", f"eval.selfplay_proposals_per_seed={FIXED_SOLVER_PROPOSALS}",
+                 f"eval.output_dir={folder}"], out / f"eval_fixed_{label}.log")  # fmt: skip
+        counts[label] = count_proposals(label, folder)
+    w, t = counts["warmed_up"], counts["trained"]
+    diff, se = difference_with_error(w, t)
+    asked, asked_se = asked_difference_with_error(w, t)
+    rows = {
+        label: {"proposals": c.proposals, "parsed": c.parsed, "questions": c.questions, "asked": c.asked,
+                "learnable": c.learnable, "kept": c.kept, "ratio": round(c.ratio, 4), "ratio_se": round(c.ratio_se, 4),
+                "asked_ratio": round(c.asked_ratio, 4)}
+        for label, c in counts.items()
+    }  # fmt: skip
+    return rows | {
+        "solver": step0,
+        "change": round(diff, 4),
+        "change_se": round(se, 4),
+        "asked_change": round(asked, 4),
+        "asked_change_se": round(asked_se, 4),
+    }
 
 
 REWARD_MODEL = {"arithmetic_rm_smollm2"}  # train-rm first; a rule-reward run of the same budget beside it
@@ -427,8 +471,27 @@ def verdict(name: str, res: dict) -> list[tuple[str, str, str]]:
              f"{_f(w.get('proposer_parse_rate'))} -> {_f(t.get('proposer_parse_rate'))}", ""),
             ("held-out first-pass learnable ratio (warmed-up -> trained)",
              f"{_f(w.get('proposer_learnable_ratio'))} -> {_f(t.get('proposer_learnable_ratio'))}", ""),
-        ]  # fmt: skip
+        ] + _fixed_solver_verdict(res.get("fixed_solver"))  # fmt: skip
     return []
+
+
+def _fixed_solver_verdict(fixed: dict | None) -> list[tuple[str, str, str]]:
+    """The proposer's rise against the fixed warmed-up solver: PASS when the change is above two
+    standard errors (the training ratio reads the proposer against a solver that moves with it)."""
+    if not fixed:
+        return []
+    w, t = fixed["warmed_up"], fixed["trained"]
+    return [
+        ("held-out proposer parse rate, fixed solver, does not fall",
+         f"{w['parsed'] / w['proposals']:.3f} -> {t['parsed'] / t['proposals']:.3f}",
+         "PASS" if t["parsed"] / t["proposals"] >= w["parsed"] / w["proposals"] else "FAIL"),
+        ("held-out first-pass learnable ratio against the fixed warmed-up solver rises (> 2 SE)",
+         f"{w['ratio']:.3f} -> {t['ratio']:.3f} ({fixed['change']:+.3f} ± {fixed['change_se']:.3f})",
+         "PASS" if fixed["change"] > 2 * fixed["change_se"] else "FAIL"),
+        ("held-out learnable share of all questions asked for, fixed solver",
+         f"{w['asked_ratio']:.3f} -> {t['asked_ratio']:.3f} ({fixed['asked_change']:+.3f} ± {fixed['asked_change_se']:.3f})",
+         "PASS" if fixed["asked_change"] > 2 * fixed["asked_change_se"] else "FAIL"),
+    ]  # fmt: skip
 
 
 def _sample_lines(rows: list[dict]) -> list[str]:
@@ -463,6 +526,24 @@ def _heldout_section(name: str, res: dict) -> list[str]:
             f"{_f(m['solver']['refusal_rate'])} | {_f(m.get('proposer_parse_rate'))} | "
             f"{_f(m.get('proposer_learnable_ratio'))} |"
         )
+    fixed = res.get("fixed_solver")
+    if fixed:
+        lines += [
+            "",
+            f"The proposer against a fixed solver (decision 194): {FIXED_SOLVER_PROPOSALS} sampled proposals per "
+            f"held-out goal, every parsed question solved 5 times by `{Path(fixed['solver']).name}`:",
+            "",
+            "| proposer | proposals | parse rate | learnable / questions | first-pass learnable (± SE) | learnable / asked |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        for label in ("warmed_up", "trained"):
+            c = fixed[label]
+            lines.append(
+                f"| {label.replace('_', '-')} | {c['proposals']} | {c['parsed'] / c['proposals']:.3f} | "
+                f"{c['learnable']} / {c['questions']} | {c['ratio']:.3f} ± {c['ratio_se']:.3f} | {c['asked_ratio']:.3f} |"
+            )
+        lines += ["", f"Change: {fixed['change']:+.3f} ± {fixed['change_se']:.3f} first-pass learnable, "
+                  f"{fixed['asked_change']:+.3f} ± {fixed['asked_change_se']:.3f} of all questions asked for."]  # fmt: skip
     lines += [
         "",
         f"![{name}]({cur['plot']})",

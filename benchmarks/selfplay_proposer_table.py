@@ -4,12 +4,15 @@
 
 Each argument is LABEL=DIR, DIR an ``nemo-azr eval`` output of a self-play run (its
 ``metrics.json`` and ``samples.jsonl``), typically proposer-only passes over a run's checkpoints
-with one fixed solver (``eval.selfplay_solver=false eval.selfplay_fixed_solver=PATH``). Prints a
+with one fixed solver (``eval.selfplay_solver=false eval.selfplay_fixed_solver=PATH``);
+LABEL=DIR1,DIR2 pools the counts of several passes of one checkpoint (run with different ``seed``
+values, so their proposals are independent samples) against the same solver. Prints a
 markdown table: proposals, parsed groups, learnable questions of parsed groups with the ratio and
 its binomial standard error, learnable questions of all asked for (a failed parse counts its
 questions as not learnable), kept groups and the solver that judged them; then the change of the
 learnable ratio from the first row to each later one with the standard error of that difference,
-so a rise is read against what 30 proposals can resolve.
+and the same for the learnable share of all questions asked for, so a rise is read against what
+the number of proposals can resolve.
 """
 
 from __future__ import annotations
@@ -41,6 +44,14 @@ class ProposerCounts:
         """Binomial standard error of the learnable ratio (questions taken as independent)."""
         return math.sqrt(self.ratio * (1 - self.ratio) / self.questions) if self.questions else 0.0
 
+    @property
+    def asked_ratio(self) -> float:
+        return self.learnable / self.asked if self.asked else 0.0
+
+    @property
+    def asked_ratio_se(self) -> float:
+        return math.sqrt(self.asked_ratio * (1 - self.asked_ratio) / self.asked) if self.asked else 0.0
+
 
 def count_proposals(label: str, folder: Path) -> ProposerCounts:
     metrics = json.loads((folder / "metrics.json").read_text())
@@ -61,9 +72,33 @@ def count_proposals(label: str, folder: Path) -> ProposerCounts:
     )
 
 
+def pooled(label: str, parts: list[ProposerCounts]) -> ProposerCounts:
+    """One row from several passes of the same checkpoint against the same solver: counts added."""
+    solvers = {p.solved_by for p in parts}
+    if len(solvers) > 1:
+        raise SystemExit(
+            f"{label}: its passes were solved by different models ({sorted(solvers)}); pool only one solver's"
+        )
+    return ProposerCounts(
+        label=label,
+        proposals=sum(p.proposals for p in parts),
+        parsed=sum(p.parsed for p in parts),
+        questions=sum(p.questions for p in parts),
+        asked=sum(p.asked for p in parts),
+        learnable=sum(p.learnable for p in parts),
+        kept=sum(p.kept for p in parts),
+        solved_by=parts[0].solved_by,
+    )
+
+
 def difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[float, float]:
     """b's learnable ratio minus a's, and the standard error of the difference (independent samples)."""
     return b.ratio - a.ratio, math.sqrt(a.ratio_se**2 + b.ratio_se**2)
+
+
+def asked_difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[float, float]:
+    """The same for the learnable share of all questions asked for."""
+    return b.asked_ratio - a.asked_ratio, math.sqrt(a.asked_ratio_se**2 + b.asked_ratio_se**2)
 
 
 def table(rows: list[ProposerCounts]) -> str:
@@ -75,25 +110,32 @@ def table(rows: list[ProposerCounts]) -> str:
     for r in rows:
         lines.append(
             f"| {r.label} | {r.proposals} | {r.parsed / r.proposals:.3f} | {r.learnable} / {r.questions} "
-            f"| {r.ratio:.3f} ± {r.ratio_se:.3f} | {r.learnable / r.asked:.3f} | {r.kept} | {Path(r.solved_by).name or r.solved_by} |"
+            f"| {r.ratio:.3f} ± {r.ratio_se:.3f} | {r.asked_ratio:.3f} | {r.kept} | {Path(r.solved_by).name or r.solved_by} |"
         )
     first = rows[0]
     for r in rows[1:]:
         diff, se = difference_with_error(first, r)
-        lines.append(f"\n{r.label} - {first.label}: {diff:+.3f} ± {se:.3f} first-pass learnable")
+        asked, asked_se = asked_difference_with_error(first, r)
+        lines.append(
+            f"\n{r.label} - {first.label}: {diff:+.3f} ± {se:.3f} first-pass learnable, "
+            f"{asked:+.3f} ± {asked_se:.3f} learnable / asked"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("evals", nargs="+", help="LABEL=DIR, DIR an nemo-azr eval output folder")
+    parser.add_argument(
+        "evals", nargs="+", help="LABEL=DIR or LABEL=DIR1,DIR2 (pooled), DIR an nemo-azr eval output folder"
+    )
     args = parser.parse_args()
     rows = []
     for item in args.evals:
-        label, sep, folder = item.partition("=")
-        if not sep:
-            raise SystemExit(f"{item!r}: write LABEL=DIR")
-        rows.append(count_proposals(label, Path(folder)))
+        label, sep, folders = item.partition("=")
+        if not sep or not folders:
+            raise SystemExit(f"{item!r}: write LABEL=DIR or LABEL=DIR1,DIR2")
+        parts = [count_proposals(label, Path(folder)) for folder in folders.split(",")]
+        rows.append(parts[0] if len(parts) == 1 else pooled(label, parts))
     print(table(rows))
 
 

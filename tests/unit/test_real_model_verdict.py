@@ -48,3 +48,26 @@ def test_rlcr_evaluations_without_kinds_get_no_within_kind_rows():
     ]
     assert dict((c, m) for c, _, m in rows)["AUROC > 0.6 after training"] == "FAIL"
     assert dict((c, m) for c, _, m in rows)["accuracy falls <= 2 points"] == "FAIL"
+
+
+def _fixed(parsed, proposals, learnable, questions, asked):
+    ratio, asked_ratio = learnable / questions, learnable / asked
+    return {"parsed": parsed, "proposals": proposals, "learnable": learnable, "questions": questions,
+            "ratio": ratio, "asked_ratio": asked_ratio}  # fmt: skip
+
+
+def test_selfplay_proposer_against_a_fixed_solver_needs_a_rise_above_two_standard_errors():
+    w, t = _fixed(98, 180, 30, 300, 540), _fixed(144, 180, 66, 440, 540)
+    se = ((0.1 * 0.9 / 300) + (0.15 * 0.85 / 440)) ** 0.5  # 0.0243: the binomial SE of the difference
+    fixed = {"warmed_up": w, "trained": t, "change": 0.05, "change_se": se, "asked_change": 66 / 540 - 30 / 540,
+             "asked_change_se": 0.017}  # fmt: skip
+    rows = {c: (m, v) for c, m, v in real_model._fixed_solver_verdict(fixed)}
+    assert rows["held-out proposer parse rate, fixed solver, does not fall"] == ("0.544 -> 0.800", "PASS")
+    rises = "held-out first-pass learnable ratio against the fixed warmed-up solver rises (> 2 SE)"
+    rise = rows[rises]
+    assert rise == ("0.100 -> 0.150 (+0.050 ± 0.024)", "PASS")
+    assert rows["held-out learnable share of all questions asked for, fixed solver"][1] == "PASS"
+    fixed["change_se"] = 0.026  # the same rise, under two standard errors
+    rows = {c: v for c, _, v in real_model._fixed_solver_verdict(fixed)}
+    assert rows[rises] == "FAIL"
+    assert real_model._fixed_solver_verdict(None) == []  # results from before the fixed-solver pass

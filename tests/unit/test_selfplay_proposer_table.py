@@ -50,6 +50,35 @@ def test_counts_ratio_and_the_difference_between_checkpoints(tmp_path):
     text = table.table([ca, cb])
     assert "| step_0 | 4 | 0.750 | 3 / 9 | 0.333 ± 0.157 | 0.250 | 2 | step_0 |" in text
     assert "step_8 - step_0: +0.333" in text
+    asked, asked_se = table.asked_difference_with_error(ca, cb)
+    assert asked == pytest.approx(4 / 6 - 3 / 12)
+    assert asked_se == pytest.approx(math.sqrt(0.25 * 0.75 / 12 + (2 / 3) * (1 / 3) / 6))
+    assert f"{asked:+.3f} ± {asked_se:.3f} learnable / asked" in text
+
+
+def test_passes_of_one_checkpoint_pool_their_counts(tmp_path):
+    a = write_eval(
+        tmp_path / "a",
+        [
+            {"parsed": True, "learnable": [True, False, False], "status": "learnable"},
+            {"parsed": False, "learnable": [], "status": "repropose"},
+        ],
+        "/runs/x/checkpoints/step_0",
+    )
+    b = write_eval(
+        tmp_path / "b",
+        [{"parsed": True, "learnable": [True, True, False], "status": "learnable"}],
+        "/runs/x/checkpoints/step_0",
+    )
+    row = table.pooled("step_0", [table.count_proposals("step_0", a), table.count_proposals("step_0", b)])
+    counts = (row.proposals, row.parsed, row.questions, row.asked, row.learnable, row.kept)
+    assert counts == (3, 2, 6, 9, 3, 2)
+    assert row.ratio == pytest.approx(0.5)
+    other = write_eval(
+        tmp_path / "c", [{"parsed": True, "learnable": [True], "status": "learnable"}], "/y/step_8"
+    )
+    with pytest.raises(SystemExit, match="different models"):
+        table.pooled("step_0", [table.count_proposals("step_0", a), table.count_proposals("step_0", other)])
 
 
 def test_an_eval_without_proposals_is_a_clear_error(tmp_path):
