@@ -488,7 +488,7 @@ def _fixed_solver_verdict(fixed: dict | None) -> list[tuple[str, str, str]]:
         ("held-out first-pass learnable ratio against the fixed warmed-up solver rises (> 2 SE)",
          f"{w['ratio']:.3f} -> {t['ratio']:.3f} ({fixed['change']:+.3f} ± {fixed['change_se']:.3f})",
          "PASS" if fixed["change"] > 2 * fixed["change_se"] else "FAIL"),
-        ("held-out learnable share of all questions asked for, fixed solver",
+        ("held-out learnable share of all questions asked for rises against the fixed solver (> 2 SE)",
          f"{w['asked_ratio']:.3f} -> {t['asked_ratio']:.3f} ({fixed['asked_change']:+.3f} ± {fixed['asked_change_se']:.3f})",
          "PASS" if fixed["asked_change"] > 2 * fixed["asked_change_se"] else "FAIL"),
     ]  # fmt: skip
