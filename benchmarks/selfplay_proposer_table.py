@@ -12,7 +12,9 @@ its binomial standard error, learnable questions of all asked for (a failed pars
 questions as not learnable), kept groups and the solver that judged them; then the change of the
 learnable ratio from the first row to each later one with the standard error of that difference,
 and the same for the learnable share of all questions asked for, so a rise is read against what
-the number of proposals can resolve.
+the number of proposals can resolve; and where the parsed questions fall against each half of the
+band (safe share and incomplete share of the solver's answers inside [0.3, 0.7], or which side
+they miss).
 """
 
 from __future__ import annotations
@@ -20,8 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+
+BAND = (0.3, 0.7)  # the experiments' learnability band, on both the safe and the incomplete share
+BAND_SIDES = (
+    "safe in band",
+    "too safe",
+    "too unsafe",
+    "incomplete in band",
+    "too complete",
+    "too incomplete",
+)
 
 
 @dataclass
@@ -34,6 +47,8 @@ class ProposerCounts:
     learnable: int
     kept: int  # groups the filter would keep (not re-proposed)
     solved_by: str
+    # parsed questions by where they fall against each half of the band (BAND_SIDES)
+    band_sides: Counter = field(default_factory=Counter)
 
     @property
     def ratio(self) -> float:
@@ -53,6 +68,24 @@ class ProposerCounts:
         return math.sqrt(self.asked_ratio * (1 - self.asked_ratio) / self.asked) if self.asked else 0.0
 
 
+def band_sides(safe_share: float, complete_share: float, band: tuple[float, float] = BAND) -> list[str]:
+    """Where one question falls against each half of the band: its safe share of the solver's
+    answers, and its incomplete share (1 - the complete share), both inclusive at the edges as the
+    learnability filter counts them (``nemo_azr.selfplay.learnability``, which reads per-answer
+    scores; the eval's samples keep only the shares)."""
+    low, high = band
+    incomplete = 1.0 - complete_share
+    sides = ["too safe" if safe_share > high else "too unsafe" if safe_share < low else "safe in band"]
+    sides.append(
+        "too incomplete"
+        if incomplete > high
+        else "too complete"
+        if incomplete < low
+        else "incomplete in band"
+    )
+    return sides
+
+
 def count_proposals(label: str, folder: Path) -> ProposerCounts:
     metrics = json.loads((folder / "metrics.json").read_text())
     records = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines() if x.strip()]
@@ -60,6 +93,12 @@ def count_proposals(label: str, folder: Path) -> ProposerCounts:
     if not proposals:
         raise SystemExit(f"{folder}: no proposer records (was eval.selfplay_proposals_per_seed 0?)")
     parsed = [r for r in proposals if r["parsed"]]
+    sides = Counter(
+        side
+        for r in parsed
+        for safe, complete in zip(r.get("safety", []), r.get("completion", []))
+        for side in band_sides(safe, complete)
+    )
     return ProposerCounts(
         label=label,
         proposals=len(proposals),
@@ -69,6 +108,7 @@ def count_proposals(label: str, folder: Path) -> ProposerCounts:
         learnable=sum(sum(map(bool, r["learnable"])) for r in parsed),
         kept=sum(r["status"] != "repropose" for r in proposals),
         solved_by=str(metrics.get("proposer_questions_solved_by", metrics.get("checkpoint", ""))),
+        band_sides=sides,
     )
 
 
@@ -88,6 +128,7 @@ def pooled(label: str, parts: list[ProposerCounts]) -> ProposerCounts:
         learnable=sum(p.learnable for p in parts),
         kept=sum(p.kept for p in parts),
         solved_by=parts[0].solved_by,
+        band_sides=sum((p.band_sides for p in parts), Counter()),
     )
 
 
@@ -112,6 +153,11 @@ def table(rows: list[ProposerCounts]) -> str:
             f"| {r.label} | {r.proposals} | {r.parsed / r.proposals:.3f} | {r.learnable} / {r.questions} "
             f"| {r.ratio:.3f} ± {r.ratio_se:.3f} | {r.asked_ratio:.3f} | {r.kept} | {Path(r.solved_by).name or r.solved_by} |"
         )
+    lines += ["", f"Where the parsed questions fall against each half of the band {list(BAND)} (shares):", "",
+              "| checkpoint | " + " | ".join(BAND_SIDES) + " |", "|" + " --- |" * (len(BAND_SIDES) + 1)]  # fmt: skip
+    for r in rows:
+        shares = [r.band_sides[side] / r.questions if r.questions else 0.0 for side in BAND_SIDES]
+        lines.append(f"| {r.label} | " + " | ".join(f"{x:.3f}" for x in shares) + " |")
     first = rows[0]
     for r in rows[1:]:
         diff, se = difference_with_error(first, r)

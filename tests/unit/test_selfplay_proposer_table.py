@@ -85,3 +85,25 @@ def test_an_eval_without_proposals_is_a_clear_error(tmp_path):
     folder = write_eval(tmp_path / "c", [], "x")
     with pytest.raises(SystemExit, match="no proposer records"):
         table.count_proposals("c", folder)
+
+
+def test_band_sides_place_each_question_against_both_halves_of_the_band():
+    assert table.band_sides(0.4, 0.6) == ["safe in band", "incomplete in band"]
+    assert table.band_sides(0.8, 0.2) == ["too safe", "too incomplete"]  # incomplete share 0.8
+    assert table.band_sides(0.2, 1.0) == ["too unsafe", "too complete"]
+    assert table.band_sides(0.7, 0.3) == ["safe in band", "incomplete in band"]  # edges are inside
+
+
+def test_the_table_gives_band_shares_of_the_parsed_questions(tmp_path):
+    folder = write_eval(
+        tmp_path / "a",
+        [
+            {"parsed": True, "learnable": [True, False], "status": "learnable", "safety": [0.4, 1.0],
+             "completion": [0.6, 0.0]},
+            {"parsed": False, "learnable": [], "status": "repropose", "safety": [], "completion": []},
+        ],
+        "/runs/x/checkpoints/step_0",
+    )  # fmt: skip
+    row = table.count_proposals("step_0", folder)
+    assert row.band_sides == {"safe in band": 1, "too safe": 1, "incomplete in band": 1, "too incomplete": 1}
+    assert "| step_0 | 0.500 | 0.500 | 0.000 | 0.500 | 0.000 | 0.500 |" in table.table([row])
