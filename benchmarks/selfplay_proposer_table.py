@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,6 +143,29 @@ def asked_difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[f
     return b.asked_ratio - a.asked_ratio, math.sqrt(a.asked_ratio_se**2 + b.asked_ratio_se**2)
 
 
+def step_of(label: str) -> int:
+    """The training step a row's label names (its last number: ``step_24``, ``step_24 (pooled)``)."""
+    numbers = re.findall(r"\d+", label)
+    if not numbers:
+        raise SystemExit(f"--slope: label {label!r} names no step; write e.g. step_24=DIR")
+    return int(numbers[-1])
+
+
+def slopes(rows: list[ProposerCounts]) -> dict[str, tuple[float, float]]:
+    """Least-squares slope over the steps, per 10 steps, with its standard error, of whether a parsed
+    question is learnable and of whether an asked-for question is: one 0/1 point per question, so
+    each checkpoint weighs by its number of questions."""
+    from selfplay_windows import slope_with_error
+
+    out = {}
+    for name, total in (("first-pass learnable", "questions"), ("learnable / asked", "asked")):
+        xs = [float(step_of(r.label)) for r in rows for _ in range(getattr(r, total))]
+        ys = [1.0 if i < r.learnable else 0.0 for r in rows for i in range(getattr(r, total))]
+        slope, se = slope_with_error(xs, ys)
+        out[name] = (10 * slope, 10 * se)
+    return out
+
+
 def table(rows: list[ProposerCounts]) -> str:
     lines = [
         "| checkpoint | proposals | parse rate | learnable / questions | first-pass learnable (± SE) "
@@ -174,6 +198,9 @@ def main() -> None:
     parser.add_argument(
         "evals", nargs="+", help="LABEL=DIR or LABEL=DIR1,DIR2 (pooled), DIR an nemo-azr eval output folder"
     )
+    parser.add_argument(
+        "--slope", action="store_true", help="also the least-squares slope over the steps the labels name"
+    )
     args = parser.parse_args()
     rows = []
     for item in args.evals:
@@ -183,6 +210,9 @@ def main() -> None:
         parts = [count_proposals(label, Path(folder)) for folder in folders.split(",")]
         rows.append(parts[0] if len(parts) == 1 else pooled(label, parts))
     print(table(rows))
+    if args.slope:
+        for name, (slope, se) in slopes(rows).items():
+            print(f"\nslope of {name}: {slope:+.4f} ± {se:.4f} per 10 steps")
 
 
 if __name__ == "__main__":

@@ -107,3 +107,16 @@ def test_the_table_gives_band_shares_of_the_parsed_questions(tmp_path):
     row = table.count_proposals("step_0", folder)
     assert row.band_sides == {"safe in band": 1, "too safe": 1, "incomplete in band": 1, "too incomplete": 1}
     assert "| step_0 | 0.500 | 0.500 | 0.000 | 0.500 | 0.000 | 0.500 |" in table.table([row])
+
+
+def test_slope_over_the_steps_counts_one_point_per_question():
+    a = table.ProposerCounts("step_0", 2, 2, 4, 6, 1, 1, "s")
+    b = table.ProposerCounts("step_10 (pooled)", 2, 2, 4, 6, 3, 2, "s")
+    got = table.slopes([a, b])
+    # per question: 1 of 4 at step 0, 3 of 4 at step 10 -> 0.05 a step; residuals 0.75 and 0.25 (x3)
+    # at each step: SE = sqrt(1.5 / 6 / sxx), sxx = 8 * 5**2
+    slope, se = got["first-pass learnable"]
+    assert slope == pytest.approx(0.5) and se == pytest.approx(10 * math.sqrt(1.5 / 6 / 200))
+    assert got["learnable / asked"][0] == pytest.approx(10 * (3 / 6 - 1 / 6) / 10)
+    with pytest.raises(SystemExit, match="names no step"):
+        table.step_of("warmed up")
