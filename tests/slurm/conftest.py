@@ -138,6 +138,9 @@ def _cluster(nodes: int):
         subprocess.run(
             ["bash", str(CLUSTER_DIR / "stop.sh"), str(state)], env=env, capture_output=True, timeout=120
         )
+        from tests.slurm.jobs import kill_leftovers
+
+        kill_leftovers(state / "slurm.conf")  # what killed job steps left behind (their ranks' helpers)
         if old_conf is None:
             os.environ.pop("SLURM_CONF", None)
         else:

@@ -149,3 +149,28 @@ def wait_not_running(job: str, timeout: float = JOB_TIMEOUT_S) -> str:
         assert time.monotonic() < deadline, f"job {job} still {state} after {timeout} s"
         time.sleep(0.2)
     return state
+
+
+def kill_leftovers(slurm_conf: Path) -> list[int]:
+    """SIGKILL every process started under the test cluster whose ``SLURM_CONF`` is ``slurm_conf``.
+
+    A job step that Slurm kills, or whose node a test stops or kills, can leave processes of its own
+    behind (a rank's spawned helpers, re-parented to init once the rank dies); stopping the daemons
+    does not reach them, and each holds its memory until the machine goes down. Every process of a
+    job inherits the cluster's ``SLURM_CONF``, a temporary path no other process has."""
+    import os
+    import signal
+
+    marker = f"SLURM_CONF={slurm_conf}\0".encode()
+    killed = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        pid = int(proc.name)
+        if pid == os.getpid():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        except (OSError, ProcessLookupError):  # gone already, or not ours to read
+            continue
+    return killed
