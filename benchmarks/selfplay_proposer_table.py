@@ -53,20 +53,29 @@ class ProposerCounts:
 
     @property
     def ratio(self) -> float:
-        return self.learnable / self.questions if self.questions else 0.0
+        return _share(self.learnable, self.questions)
 
     @property
     def ratio_se(self) -> float:
         """Binomial standard error of the learnable ratio (questions taken as independent)."""
-        return math.sqrt(self.ratio * (1 - self.ratio) / self.questions) if self.questions else 0.0
+        return _binomial_se(self.learnable, self.questions)
 
     @property
     def asked_ratio(self) -> float:
-        return self.learnable / self.asked if self.asked else 0.0
+        return _share(self.learnable, self.asked)
 
     @property
     def asked_ratio_se(self) -> float:
-        return math.sqrt(self.asked_ratio * (1 - self.asked_ratio) / self.asked) if self.asked else 0.0
+        return _binomial_se(self.learnable, self.asked)
+
+
+def _share(k: int, n: int) -> float:
+    return k / n if n else 0.0
+
+
+def _binomial_se(k: int, n: int) -> float:
+    p = _share(k, n)
+    return math.sqrt(p * (1 - p) / n) if n else 0.0
 
 
 def band_sides(safe_share: float, complete_share: float, band: tuple[float, float] = BAND) -> list[str]:
@@ -135,12 +144,16 @@ def pooled(label: str, parts: list[ProposerCounts]) -> ProposerCounts:
 
 def difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[float, float]:
     """b's learnable ratio minus a's, and the standard error of the difference (independent samples)."""
-    return b.ratio - a.ratio, math.sqrt(a.ratio_se**2 + b.ratio_se**2)
+    return _difference(a.learnable, a.questions, b.learnable, b.questions)
 
 
 def asked_difference_with_error(a: ProposerCounts, b: ProposerCounts) -> tuple[float, float]:
     """The same for the learnable share of all questions asked for."""
-    return b.asked_ratio - a.asked_ratio, math.sqrt(a.asked_ratio_se**2 + b.asked_ratio_se**2)
+    return _difference(a.learnable, a.asked, b.learnable, b.asked)
+
+
+def _difference(ka: int, na: int, kb: int, nb: int) -> tuple[float, float]:
+    return _share(kb, nb) - _share(ka, na), math.sqrt(_binomial_se(ka, na) ** 2 + _binomial_se(kb, nb) ** 2)
 
 
 def step_of(label: str) -> int:
