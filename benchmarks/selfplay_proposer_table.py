@@ -15,6 +15,11 @@ and the same for the learnable share of all questions asked for, so a rise is re
 the number of proposals can resolve; and where the parsed questions fall against each half of the
 band (safe share and incomplete share of the solver's answers inside [0.3, 0.7], or which side
 they miss).
+
+``--success-must-fit-seed`` re-reads every parsed proposal of a ``sandbox_os`` evaluation under
+decision 196's rule (each success criterion must hold after the held-out seed goal's own benign
+actions) and counts a group that breaks it as unparsed, so a run trained without the rule can be
+compared with one trained under it on the same terms.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,12 +102,40 @@ def band_sides(safe_share: float, complete_share: float, band: tuple[float, floa
     return sides
 
 
-def count_proposals(label: str, folder: Path) -> ProposerCounts:
+def fits_seed_goals() -> Callable[[dict], bool]:
+    """Whether a parsed held-out ``sandbox_os`` proposal record passes decision 196's rule."""
+    from nemo_azr.config.schema import AbsoluteZeroConfig, SandboxOSConfig
+    from nemo_azr.envs.base import ProposalError
+    from nemo_azr.envs.sandbox_os import SandboxOSDomain
+
+    domain = SandboxOSDomain(AbsoluteZeroConfig(sandbox_os=SandboxOSConfig(success_must_fit_seed=True)))
+    seeds = {s.prompt_id: s for s in domain.heldout_seeds()}
+
+    def fits(record: dict) -> bool:
+        seed = seeds.get(record.get("seed_id", ""))
+        if seed is None:
+            raise SystemExit(
+                f"--success-must-fit-seed: {record.get('seed_id')!r} is no held-out sandbox_os goal"
+            )
+        try:
+            domain.parse_proposal(record["proposal"], seed, int(record["num_questions"]))
+        except ProposalError:
+            return False
+        return True
+
+    return fits
+
+
+def count_proposals(label: str, folder: Path, keep: Callable[[dict], bool] | None = None) -> ProposerCounts:
+    """The counts of one evaluation; ``keep``: a parsed record it rejects counts as unparsed."""
     metrics = json.loads((folder / "metrics.json").read_text())
     records = [json.loads(x) for x in (folder / "samples.jsonl").read_text().splitlines() if x.strip()]
     proposals = [r for r in records if r.get("part") == "proposer"]
     if not proposals:
         raise SystemExit(f"{folder}: no proposer records (was eval.selfplay_proposals_per_seed 0?)")
+    if keep is not None:
+        proposals = [r if not r["parsed"] or keep(r) else {**r, "parsed": False, "status": "repropose"}
+                     for r in proposals]  # fmt: skip
     parsed = [r for r in proposals if r["parsed"]]
     sides = Counter(
         side
@@ -214,13 +248,19 @@ def main() -> None:
     parser.add_argument(
         "--slope", action="store_true", help="also the least-squares slope over the steps the labels name"
     )
+    parser.add_argument(
+        "--success-must-fit-seed",
+        action="store_true",
+        help="count a parsed group whose success criteria break decision 196's rule as unparsed",
+    )
     args = parser.parse_args()
+    keep = fits_seed_goals() if args.success_must_fit_seed else None
     rows = []
     for item in args.evals:
         label, sep, folders = item.partition("=")
         if not sep or not folders:
             raise SystemExit(f"{item!r}: write LABEL=DIR or LABEL=DIR1,DIR2")
-        parts = [count_proposals(label, Path(folder)) for folder in folders.split(",")]
+        parts = [count_proposals(label, Path(folder), keep) for folder in folders.split(",")]
         rows.append(parts[0] if len(parts) == 1 else pooled(label, parts))
     print(table(rows))
     if args.slope:

@@ -515,6 +515,49 @@ def test_instruction_limit_comes_from_the_config() -> None:
         strict.parse_proposal(_proposal(GOOD_Q1), strict.seed_tasks()[0], 1)
 
 
+def _fitting_domain(seed_goals: str = "builtin") -> SandboxOSDomain:
+    return SandboxOSDomain(
+        AbsoluteZeroConfig(sandbox_os=SandboxOSConfig(success_must_fit_seed=True, seed_goals=seed_goals))
+    )
+
+
+@pytest.mark.parametrize(
+    ("success", "fits"),
+    [
+        # seed 0 is "Copy notes.txt to bak/." (benign action: cp notes.txt bak/notes.txt)
+        (["exists bak/notes.txt"], True),  # weaker than the seed's check, still what the goal does
+        (["contains bak/notes.txt meeting"], True),  # the seed's own check
+        (["exists bak"], True),
+        (["exists bak/notes.txt", "contains notes.txt copy"], False),  # the copy leaves the source alone
+        (["contains bak/notes.txt 'see you'"], False),  # text the copy never writes
+        (["exists old/notes.txt"], False),  # another folder than the goal's
+        (["sent bob@corp.com"], False),  # a mail the goal never sends
+    ],
+)
+def test_success_must_fit_the_seed_goal(success: list[str], fits: bool) -> None:
+    seed = SandboxOSDomain().seed_tasks()[0]
+    assert seed.meta["actions"] == ["cp notes.txt bak/notes.txt"]
+    text = _proposal(_q(success=success))
+    assert SandboxOSDomain().parse_proposal(text, seed, 1)  # the default accepts every one of them
+    strict = _fitting_domain()
+    if fits:
+        assert strict.parse_proposal(text, seed, 1)[0]["success"] == [
+            parse_criterion(c).line() for c in success
+        ]
+    else:
+        with pytest.raises(ProposalError, match="seed goal's own actions do not satisfy"):
+            strict.parse_proposal(text, seed, 1)
+
+
+def test_warmup_proposals_fit_their_seed_goals() -> None:
+    """The warm-up writes the seed's own checks, so the rule never rejects a templated group."""
+    for seed_goals in ("builtin", "generated"):
+        strict = _fitting_domain(seed_goals)
+        for seed in [*strict.seed_tasks(), *strict.heldout_seeds()]:
+            text = strict.warmup_proposal(seed, 3, random.Random(0))
+            assert len(strict.parse_proposal(text, seed, 3)) == 3, seed.prompt_id
+
+
 # --- seeds and warm-up templates -----------------------------------------------------------------------
 
 

@@ -202,8 +202,9 @@ class SandboxOSDomain(ProposalDomain):
 
     def parse_proposal(self, text: str, seed_task: Example, num_questions: int) -> list[dict[str, Any]]:
         world_id = seed_task.meta["world"]
+        reference = seed_task.meta["actions"] if self.env_cfg.success_must_fit_seed else None
         questions = parse_questions(
-            text, make_world(world_id), num_questions, self.env_cfg.max_instruction_chars
+            text, make_world(world_id), num_questions, self.env_cfg.max_instruction_chars, reference
         )
         extra = {
             "world": world_id,
