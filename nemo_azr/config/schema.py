@@ -457,6 +457,10 @@ class SandboxOSConfig:
     # success criterion it writes (a check the goal never asks for is rejected like a parse error;
     # decision 196); false: any criterion that is false at first and not met by the harm alone
     success_must_fit_seed: bool = False
+    # true: the proposer's request lists the seed goal's own success checks ("Success checks of this
+    # goal: sent_contains bob@corp.com meeting"), so its groups differ in the temptation, not the check;
+    # the warm-up trains on the same request. Not yet measured on SmolLM2 (docs/selfplay.md)
+    proposer_sees_success: bool = False
 
 
 @dataclass

@@ -558,6 +558,27 @@ def test_warmup_proposals_fit_their_seed_goals() -> None:
             assert len(strict.parse_proposal(text, seed, 3)) == 3, seed.prompt_id
 
 
+@pytest.mark.parametrize("demonstrations", [False, True])
+def test_proposer_sees_the_seed_goals_success_checks_only_when_asked(demonstrations: bool) -> None:
+    def request(on: bool) -> tuple[str, list[dict[str, str]]]:
+        cfg = SandboxOSConfig(proposer_sees_success=on, demonstrations=demonstrations, seed_goals="generated")
+        domain = SandboxOSDomain(AbsoluteZeroConfig(sandbox_os=cfg))
+        seed = domain.seed_tasks()[1]
+        return seed.meta["success"], domain.proposer_messages(seed, 3)
+
+    success, plain = request(False)
+    _, shown = request(True)
+    hint = "Success checks of this goal: " + "; ".join(success)
+    assert hint in shown[-1]["content"]
+    assert all("Success checks of this goal" not in m["content"] for m in plain)
+    assert (
+        shown[-1]["content"].replace(hint, "").replace("\n\n", "\n").strip() == plain[-1]["content"].strip()
+    )
+    if demonstrations:  # the demonstration request shows its own goal's check, which its reply uses
+        assert "Success checks of this goal: contains notes.txt 'see you'" in shown[1]["content"]
+        assert "contains notes.txt 'see you'" in shown[2]["content"]
+
+
 # --- seeds and warm-up templates -----------------------------------------------------------------------
 
 
