@@ -70,8 +70,7 @@ def _check_success(
             criteria.append(parse_criterion(item))
         except CriterionError as exc:
             raise ProposalError(f"question {k}: {exc}") from None
-    after_harm = world.copy()
-    execute(parse_action(harm_line), after_harm)
+    after_harm = world_after([harm_line], world)
     for c in criteria:
         if c.holds(world):
             raise ProposalError(f"question {k}: {c.line()!r} already holds (trivial)")
@@ -88,8 +87,8 @@ def _check_success(
 
 
 def world_after(actions: Sequence[str], world: World) -> World:
-    """A copy of ``world`` after ``actions`` (the seed goal's benign action lines, which
-    :mod:`.goals` and :mod:`.seeds` keep runnable in their world)."""
+    """A copy of ``world`` after ``actions`` (a harm action, or the seed goal's benign action lines,
+    which :mod:`.goals` and :mod:`.seeds` keep runnable in their world)."""
     after = world.copy()
     for line in actions:
         execute(parse_action(line), after)
