@@ -78,6 +78,7 @@ from nemo_azr.trainer.output_lock import acquire_output_lock, release_output_loc
 from nemo_azr.trainer.preemption import Preempted, PreemptionFlag, agree_on_signal
 from nemo_azr.trainer.preference_mode import PreferenceModeMixin, preference_pairs_source
 from nemo_azr.trainer.preflight import check_writable, resolve_device
+from nemo_azr.trainer.progress import WARMUP_PROGRESS_EVERY, WARMUP_PROGRESS_SECONDS, StepProgress
 from nemo_azr.trainer.rewards import drop_nonfinite_rewards, score_batch
 from nemo_azr.trainer.row_versions import check_row_versions
 from nemo_azr.trainer.samples import select_samples
@@ -619,9 +620,11 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         if not warmup.done:  # the logger starts after it: say now what the next minutes are
             since = f", continuing after step {warmup.step} from {resume}" if warmup.step else ""
             _notice(
-                f"supervised warm-up: {warmup.total} steps{since}; a line every {WARMUP_PROGRESS_EVERY} steps"
+                f"supervised warm-up: {warmup.total} steps{since}; a line after the first step, then every "
+                f"{WARMUP_PROGRESS_EVERY} steps or {WARMUP_PROGRESS_SECONDS / 60:.0f} min"
             )
-        warmup.run(on_step=_warmup_progress(warmup.total), should_stop=stop)
+        progress = StepProgress("supervised warm-up", warmup.total, _notice, first_step=warmup.step)
+        warmup.run(on_step=progress, should_stop=stop)
         return warmup
 
     def _stop_in_warmup(self, warmup: SFTWarmup) -> FitResult:
@@ -897,23 +900,6 @@ class Trainer(CheckpointingMixin, PreferenceModeMixin):
         ):
             run.last_saved = self.save_checkpoint()
         self.finalize_checkpoints(blocking=True)
-
-
-WARMUP_PROGRESS_EVERY = 10  # warm-up steps between two progress lines
-
-
-def _warmup_progress(total: int):
-    """A progress line every few warm-up steps (a real model's warm-up takes minutes)."""
-    start = time.perf_counter()
-
-    def on_step(step: int, loss: float) -> None:
-        done = step + 1
-        if done % WARMUP_PROGRESS_EVERY == 0 or done == total:
-            _notice(
-                f"supervised warm-up: step {done}/{total}, loss {loss:.3f}, {time.perf_counter() - start:.0f} s"
-            )
-
-    return on_step
 
 
 def _notice(text: str) -> None:
