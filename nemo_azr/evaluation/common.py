@@ -19,6 +19,7 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import ConfigError
 from nemo_azr.trainer.checkpoint import CHECKPOINT_DIR
+from nemo_azr.utils.atomic_io import atomic_write_text
 
 METRICS_FILE = "metrics.json"
 SAMPLES_FILE = "samples.jsonl"
@@ -161,5 +162,7 @@ def write_records(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def write_results(out: Path, result: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    (out / METRICS_FILE).write_text(json.dumps(_finite(result), indent=1) + "\n")
+    """The samples, then the metrics, atomically: an evaluation with a ``metrics.json`` is complete
+    (scripts that resume a series of evaluations skip those)."""
     write_records(out / SAMPLES_FILE, records)
+    atomic_write_text(out / METRICS_FILE, json.dumps(_finite(result), indent=1) + "\n")

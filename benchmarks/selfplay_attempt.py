@@ -1,0 +1,189 @@
+"""One measured attempt of ``azr_sandbox_smollm2`` from start to report, unattended and resumable.
+
+    nohup python benchmarks/selfplay_attempt.py NAME [--steps 40] [--fixed-steps 0,40] \\
+        [--warmup-from outputs/OTHER_RUN] -- absolute_zero.sandbox_os.proposer_sees_success=true ... &
+
+Runs, each step skipped when its output is already there (so the same command after an
+interruption continues where it stopped):
+
+1. training: ``nemo-azr train experiment=azr_sandbox_smollm2`` into ``outputs/NAME`` (warm-up, then
+   RL; ``trainer`` resumes from the newest checkpoint). ``--warmup-from`` copies another run's
+   ``step_0`` and ``kl_reference`` first, for overrides that leave the warm-up's prompts as they were;
+2. the proposer against a fixed solver (decision 194): for every checkpoint of ``--fixed-steps``,
+   a pass with 3 proposals a held-out goal at ``seed=0`` and one with 6 at ``seed=1``, every parsed
+   question solved 5 times by the run's warmed-up ``step_0``, into ``outputs/fixed_eval/NAME_step_N``
+   and ``..._seed1``;
+3. the report: the training windows (``selfplay_windows.py``), the pooled fixed-solver table with
+   its slope (``selfplay_proposer_table.py --slope``, with ``--success-must-fit-seed`` when the
+   overrides turn the rule on) and the plot (``nemo-azr plot-selfplay``), written to
+   ``outputs/NAME/attempt_report.md``.
+
+The overrides after ``--`` go to training and to every evaluation (a prompt key must match in
+both). Each command's output goes to a log beside its results; a failed command stops the script
+with its log's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+EXPERIMENT = "azr_sandbox_smollm2"
+# (seed, proposals a held-out goal, directory suffix): the two passes docs/selfplay.md pools
+FIXED_PASSES = ((0, 3, ""), (1, 6, "_seed1"))
+RULE_KEY = "absolute_zero.sandbox_os.success_must_fit_seed"
+SAVE_INTERVAL = 8  # checkpoints every 8 steps (and the last): the steps a fixed-solver pass can read
+
+
+@dataclass(frozen=True)
+class Command:
+    argv: list[str]
+    done_marker: Path  # the command is skipped when this exists
+    log: Path
+
+
+def rule_on(overrides: Sequence[str]) -> bool:
+    """Whether the overrides turn decision 196's rule on (then the table reads the passes under it)."""
+    value = None
+    for item in overrides:
+        key, _, val = item.lstrip("+").partition("=")
+        if key == RULE_KEY:
+            value = val.strip().lower()
+    return value in ("true", "1", "yes")
+
+
+def train_command(run: Path, steps: int, overrides: Sequence[str]) -> Command:
+    argv = [
+        "nemo-azr", "train", f"experiment={EXPERIMENT}", f"trainer.output_dir={run}",
+        f"trainer.max_steps={steps}", f"trainer.save_interval={SAVE_INTERVAL}", "trainer.keep_last=0", *overrides,
+    ]  # fmt: skip
+    return Command(argv, run / "checkpoints" / f"step_{steps}", run / "train.log")
+
+
+def fixed_pass_dir(eval_root: Path, name: str, step: int, suffix: str) -> Path:
+    return eval_root / f"{name}_step_{step}{suffix}"
+
+
+def fixed_commands(
+    run: Path, name: str, fixed_steps: Sequence[int], overrides: Sequence[str], eval_root: Path
+) -> list[Command]:
+    """Every fixed-solver pass, the shorter seed-0 passes of all checkpoints first (a stopped script
+    has then compared the ends of the run once before it spends time on the second passes)."""
+    commands = []
+    for seed, per_goal, suffix in FIXED_PASSES:
+        for step in fixed_steps:
+            out = fixed_pass_dir(eval_root, name, step, suffix)
+            argv = [
+                "nemo-azr", "eval", f"experiment={EXPERIMENT}", f"seed={seed}", *overrides,
+                f"eval.checkpoint={run / 'checkpoints' / f'step_{step}'}", "eval.selfplay_solver=false",
+                f"eval.selfplay_fixed_solver={run / 'checkpoints' / 'step_0'}",
+                f"eval.selfplay_proposals_per_seed={per_goal}", f"eval.output_dir={out}",
+            ]  # fmt: skip
+            commands.append(Command(argv, out / "metrics.json", out.with_name(out.name + ".log")))
+    return commands
+
+
+def table_argv(name: str, fixed_steps: Sequence[int], overrides: Sequence[str], eval_root: Path) -> list[str]:
+    """``selfplay_proposer_table.py`` over the pooled passes of each checkpoint."""
+    here = Path(__file__).resolve().parent
+    argv = [sys.executable, str(here / "selfplay_proposer_table.py"), "--slope"]
+    if rule_on(overrides):
+        argv.append("--success-must-fit-seed")
+    for step in fixed_steps:
+        dirs = ",".join(str(fixed_pass_dir(eval_root, name, step, suffix)) for *_, suffix in FIXED_PASSES)
+        argv.append(f"step_{step}={dirs}")
+    return argv
+
+
+def run_logged(command: Command) -> None:
+    if command.done_marker.exists():
+        print(f"skip (done): {command.done_marker}", flush=True)
+        return
+    command.log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"run: {' '.join(command.argv)}\n  log: {command.log}", flush=True)
+    with command.log.open("a") as log:
+        code = subprocess.call(command.argv, stdout=log, stderr=subprocess.STDOUT)
+    if code != 0:
+        sys.exit(f"selfplay_attempt: exit status {code}; see {command.log}")
+
+
+def copy_warmup(source: Path, run: Path) -> None:
+    """Start ``run`` from ``source``'s warmed-up ``step_0`` and KL reference (never over a run's own)."""
+    target = run / "checkpoints" / "step_0"
+    if target.exists():
+        return
+    for what in (source / "checkpoints" / "step_0", source / "kl_reference"):
+        if not what.is_dir():
+            sys.exit(f"selfplay_attempt: --warmup-from {source}: {what} is missing")
+    shutil.copytree(source / "checkpoints" / "step_0", target)
+    shutil.copytree(source / "kl_reference", run / "kl_reference", dirs_exist_ok=True)
+
+
+def report(
+    run: Path, name: str, fixed_steps: Sequence[int], overrides: Sequence[str], eval_root: Path
+) -> str:
+    here = Path(__file__).resolve().parent
+    windows = subprocess.run(
+        [sys.executable, str(here / "selfplay_windows.py"), str(run / "metrics.jsonl"), "--window", "10"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    table = subprocess.run(
+        table_argv(name, fixed_steps, overrides, eval_root), capture_output=True, text=True, check=True
+    ).stdout
+    subprocess.call(
+        ["nemo-azr", "plot-selfplay", f"experiment={EXPERIMENT}", f"trainer.output_dir={run}"],
+        stdout=subprocess.DEVNULL,
+    )
+    return (
+        f"# {name}\n\nOverrides: `{' '.join(overrides) or '(none)'}`\n\n## Training\n\n{windows}\n"
+        f"## The proposer against the fixed warmed-up solver\n\n{table}"
+    )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("name", help="the run's name: outputs/NAME, outputs/fixed_eval/NAME_step_N")
+    parser.add_argument("--steps", type=int, default=40, help="RL steps (default 40)")
+    parser.add_argument(
+        "--fixed-steps", default=None, help="checkpoints for the fixed-solver passes (0,STEPS)"
+    )
+    parser.add_argument("--warmup-from", type=Path, default=None, help="a run whose step_0 to start from")
+    parser.add_argument("--outputs", type=Path, default=Path("outputs"), help="the outputs root")
+    parser.add_argument("overrides", nargs="*", help="config overrides (after --)")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    raw = args.fixed_steps or f"0,{args.steps}"
+    try:
+        args.fixed_steps = sorted({int(s) for s in raw.split(",")})
+    except ValueError:
+        parser.error(f"--fixed-steps takes checkpoint steps separated by commas, got {raw!r}")
+    saved = {0, args.steps, *range(SAVE_INTERVAL, args.steps, SAVE_INTERVAL)}
+    if not set(args.fixed_steps) <= saved:
+        parser.error(
+            f"--fixed-steps {raw}: checkpoints are saved at step 0, every {SAVE_INTERVAL} steps and at "
+            f"step {args.steps}; {sorted(set(args.fixed_steps) - saved)} is none of them"
+        )
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    run, eval_root = args.outputs / args.name, args.outputs / "fixed_eval"
+    if args.warmup_from is not None:
+        copy_warmup(args.warmup_from, run)
+    run_logged(train_command(run, args.steps, args.overrides))
+    for command in fixed_commands(run, args.name, args.fixed_steps, args.overrides, eval_root):
+        run_logged(command)
+    text = report(run, args.name, args.fixed_steps, args.overrides, eval_root)
+    (run / "attempt_report.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
