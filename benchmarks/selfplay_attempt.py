@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-EXPERIMENT = "azr_sandbox_smollm2"
+EXPERIMENT = "azr_sandbox_smollm2"  # --experiment: another self-play experiment with a saved step_0
 # (seed, proposals a held-out goal, directory suffix): the two passes docs/selfplay.md pools
 FIXED_PASSES = ((0, 3, ""), (1, 6, "_seed1"))
 RULE_KEY = "absolute_zero.sandbox_os.success_must_fit_seed"
@@ -57,9 +57,9 @@ def rule_on(overrides: Sequence[str]) -> bool:
     return value in ("true", "1", "yes")
 
 
-def train_command(run: Path, steps: int, overrides: Sequence[str]) -> Command:
+def train_command(run: Path, steps: int, overrides: Sequence[str], experiment: str = EXPERIMENT) -> Command:
     argv = [
-        "nemo-azr", "train", f"experiment={EXPERIMENT}", f"trainer.output_dir={run}",
+        "nemo-azr", "train", f"experiment={experiment}", f"trainer.output_dir={run}",
         f"trainer.max_steps={steps}", f"trainer.save_interval={SAVE_INTERVAL}", "trainer.keep_last=0", *overrides,
     ]  # fmt: skip
     return Command(argv, run / "checkpoints" / f"step_{steps}", run / "train.log")
@@ -70,7 +70,12 @@ def fixed_pass_dir(eval_root: Path, name: str, step: int, suffix: str) -> Path:
 
 
 def fixed_commands(
-    run: Path, name: str, fixed_steps: Sequence[int], overrides: Sequence[str], eval_root: Path
+    run: Path,
+    name: str,
+    fixed_steps: Sequence[int],
+    overrides: Sequence[str],
+    eval_root: Path,
+    experiment: str = EXPERIMENT,
 ) -> list[Command]:
     """Every fixed-solver pass, the shorter seed-0 passes of all checkpoints first (a stopped script
     has then compared the ends of the run once before it spends time on the second passes)."""
@@ -79,7 +84,7 @@ def fixed_commands(
         for step in fixed_steps:
             out = fixed_pass_dir(eval_root, name, step, suffix)
             argv = [
-                "nemo-azr", "eval", f"experiment={EXPERIMENT}", f"seed={seed}", *overrides,
+                "nemo-azr", "eval", f"experiment={experiment}", f"seed={seed}", *overrides,
                 f"eval.checkpoint={run / 'checkpoints' / f'step_{step}'}", "eval.selfplay_solver=false",
                 f"eval.selfplay_fixed_solver={run / 'checkpoints' / 'step_0'}",
                 f"eval.selfplay_proposals_per_seed={per_goal}", f"eval.output_dir={out}",
@@ -125,7 +130,12 @@ def copy_warmup(source: Path, run: Path) -> None:
 
 
 def report(
-    run: Path, name: str, fixed_steps: Sequence[int], overrides: Sequence[str], eval_root: Path
+    run: Path,
+    name: str,
+    fixed_steps: Sequence[int],
+    overrides: Sequence[str],
+    eval_root: Path,
+    experiment: str = EXPERIMENT,
 ) -> str:
     here = Path(__file__).resolve().parent
     windows = subprocess.run(
@@ -136,16 +146,20 @@ def report(
         table_argv(name, fixed_steps, overrides, eval_root), capture_output=True, text=True, check=True
     ).stdout
     subprocess.call(
-        ["nemo-azr", "plot-selfplay", f"experiment={EXPERIMENT}", f"trainer.output_dir={run}"],
+        ["nemo-azr", "plot-selfplay", f"experiment={experiment}", f"trainer.output_dir={run}"],
         stdout=subprocess.DEVNULL,
     )
     return (
-        f"# {name}\n\nOverrides: `{' '.join(overrides) or '(none)'}`\n\n## Training\n\n{windows}\n"
+        f"# {name} ({experiment})\n\nOverrides: `{' '.join(overrides) or '(none)'}`\n\n## Training\n\n{windows}\n"
         f"## The proposer against the fixed warmed-up solver\n\n{table}"
     )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # the overrides follow "--" (split here: argparse would give a positional before them all of it)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    argv, overrides = argv[:cut], argv[cut + 1 :]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("name", help="the run's name: outputs/NAME, outputs/fixed_eval/NAME_step_N")
     parser.add_argument("--steps", type=int, default=40, help="RL steps (default 40)")
@@ -153,9 +167,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--fixed-steps", default=None, help="checkpoints for the fixed-solver passes (0,STEPS)"
     )
     parser.add_argument("--warmup-from", type=Path, default=None, help="a run whose step_0 to start from")
+    parser.add_argument("--experiment", default=EXPERIMENT, help=f"the experiment (default {EXPERIMENT})")
     parser.add_argument("--outputs", type=Path, default=Path("outputs"), help="the outputs root")
-    parser.add_argument("overrides", nargs="*", help="config overrides (after --)")
     args = parser.parse_args(argv)
+    args.overrides = overrides
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     raw = args.fixed_steps or f"0,{args.steps}"
@@ -177,10 +192,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     run, eval_root = args.outputs / args.name, args.outputs / "fixed_eval"
     if args.warmup_from is not None:
         copy_warmup(args.warmup_from, run)
-    run_logged(train_command(run, args.steps, args.overrides))
-    for command in fixed_commands(run, args.name, args.fixed_steps, args.overrides, eval_root):
+    run_logged(train_command(run, args.steps, args.overrides, args.experiment))
+    for command in fixed_commands(
+        run, args.name, args.fixed_steps, args.overrides, eval_root, args.experiment
+    ):
         run_logged(command)
-    text = report(run, args.name, args.fixed_steps, args.overrides, eval_root)
+    text = report(run, args.name, args.fixed_steps, args.overrides, eval_root, args.experiment)
     (run / "attempt_report.md").write_text(text)
     print(text)
 

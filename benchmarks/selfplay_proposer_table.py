@@ -265,7 +265,10 @@ def main() -> None:
     print(table(rows))
     if args.slope:
         for name, (slope, se) in slopes(rows).items():
-            print(f"\nslope of {name}: {slope:+.4f} ± {se:.4f} per 10 steps")
+            if math.isnan(slope):
+                print(f"\nslope of {name}: none (it needs questions at two or more checkpoints)")
+            else:
+                print(f"\nslope of {name}: {slope:+.4f} ± {se:.4f} per 10 steps")
 
 
 if __name__ == "__main__":

@@ -57,12 +57,15 @@ def window_table(records: Sequence[dict[str, float]], window: int) -> str:
 
 
 def slope_with_error(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Ordinary least-squares slope of ys on xs and its standard error (residual variance, n - 2)."""
+    """Ordinary least-squares slope of ys on xs and its standard error (residual variance, n - 2);
+    NaN for both when they are undefined (fewer than 3 points, or every x the same)."""
     n = len(xs)
     if n < 3:
         return math.nan, math.nan
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return math.nan, math.nan
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
     residuals = [y - (my + slope * (x - mx)) for x, y in zip(xs, ys)]
     se = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
@@ -82,10 +85,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(window_table(records, max(1, args.window)))
     points = [(float(r["step"]), float(r[TREND_KEY])) for r in records if TREND_KEY in r]
     slope, se = slope_with_error([x for x, _ in points], [y for _, y in points])
-    print(
-        f"\nfirst-pass learnable ratio over {len(points)} steps: slope {slope * 10:+.4f} per 10 steps "
-        f"(standard error {se * 10:.4f})"
-    )
+    print(f"\nfirst-pass learnable ratio over {len(points)} steps: {format_slope(slope, se)}")
+
+
+def format_slope(slope: float, se: float) -> str:
+    """``slope`` and ``se`` are per step; the text is per 10 steps."""
+    if math.isnan(slope):
+        return "no slope (it needs 3 or more points at 2 or more steps)"
+    return f"slope {slope * 10:+.4f} per 10 steps (standard error {se * 10:.4f})"
 
 
 if __name__ == "__main__":

@@ -108,3 +108,9 @@ def test_warmup_is_copied_once_and_a_missing_one_is_named(tmp_path):
     with pytest.raises(SystemExit, match="kl_reference is missing"):
         (tmp_path / "other" / "checkpoints" / "step_0").mkdir(parents=True)
         sa.copy_warmup(tmp_path / "other", tmp_path / "run2")
+
+
+def test_overrides_follow_the_double_dash():
+    args = sa.parse_args(["r20", "--steps", "16", "--", "a.b=1", "--c=2"])
+    assert (args.name, args.steps, args.overrides) == ("r20", 16, ["a.b=1", "--c=2"])
+    assert sa.parse_args(["r20"]).overrides == []

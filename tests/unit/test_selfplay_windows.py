@@ -1,6 +1,7 @@
 """benchmarks/selfplay_windows.py: window means and the trend's slope against numpy's fit."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -36,3 +37,11 @@ def test_windows_average_the_steps_and_keep_the_last_record_of_a_repeated_step(t
     assert table[2].startswith("| 1-2 |") and table[2].split(" | ")[first_pass].strip() == "0.150"
     assert table[3].startswith("| 3-3 |") and table[3].split(" | ")[first_pass].strip() == "0.300"
     assert table[2].split(" | ")[1].strip() == "-"  # parse rate not logged
+
+
+@pytest.mark.parametrize("xs", [[1.0, 2.0], [5.0, 5.0, 5.0, 5.0]])
+def test_an_undefined_slope_is_said_not_printed_as_nan(xs):
+    slope, se = selfplay_windows.slope_with_error(xs, [0.1 * i for i in range(len(xs))])
+    assert math.isnan(slope) and math.isnan(se)
+    assert "no slope" in selfplay_windows.format_slope(slope, se)
+    assert selfplay_windows.format_slope(0.01, 0.002) == "slope +0.1000 per 10 steps (standard error 0.0200)"
