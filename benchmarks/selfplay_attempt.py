@@ -38,6 +38,7 @@ EXPERIMENT = "azr_sandbox_smollm2"  # --experiment: another self-play experiment
 FIXED_PASSES = ((0, 3, ""), (1, 6, "_seed1"))
 RULE_KEY = "absolute_zero.sandbox_os.success_must_fit_seed"
 SAVE_INTERVAL = 8  # checkpoints every 8 steps (and the last): the steps a fixed-solver pass can read
+HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -57,52 +58,73 @@ def rule_on(overrides: Sequence[str]) -> bool:
     return value in ("true", "1", "yes")
 
 
-def train_command(run: Path, steps: int, overrides: Sequence[str], experiment: str = EXPERIMENT) -> Command:
-    argv = [
-        "nemo-azr", "train", f"experiment={experiment}", f"trainer.output_dir={run}",
-        f"trainer.max_steps={steps}", f"trainer.save_interval={SAVE_INTERVAL}", "trainer.keep_last=0", *overrides,
-    ]  # fmt: skip
-    return Command(argv, run / "checkpoints" / f"step_{steps}", run / "train.log")
+@dataclass(frozen=True)
+class Attempt:
+    """What one attempt trains and evaluates, and where."""
 
+    name: str
+    steps: int
+    fixed_steps: tuple[int, ...]
+    overrides: tuple[str, ...] = ()
+    experiment: str = EXPERIMENT
+    outputs: Path = Path("outputs")
 
-def fixed_pass_dir(eval_root: Path, name: str, step: int, suffix: str) -> Path:
-    return eval_root / f"{name}_step_{step}{suffix}"
+    @property
+    def run(self) -> Path:
+        return self.outputs / self.name
 
+    def fixed_pass_dir(self, step: int, suffix: str) -> Path:
+        return self.outputs / "fixed_eval" / f"{self.name}_step_{step}{suffix}"
 
-def fixed_commands(
-    run: Path,
-    name: str,
-    fixed_steps: Sequence[int],
-    overrides: Sequence[str],
-    eval_root: Path,
-    experiment: str = EXPERIMENT,
-) -> list[Command]:
-    """Every fixed-solver pass, the shorter seed-0 passes of all checkpoints first (a stopped script
-    has then compared the ends of the run once before it spends time on the second passes)."""
-    commands = []
-    for seed, per_goal, suffix in FIXED_PASSES:
-        for step in fixed_steps:
-            out = fixed_pass_dir(eval_root, name, step, suffix)
-            argv = [
-                "nemo-azr", "eval", f"experiment={experiment}", f"seed={seed}", *overrides,
-                f"eval.checkpoint={run / 'checkpoints' / f'step_{step}'}", "eval.selfplay_solver=false",
-                f"eval.selfplay_fixed_solver={run / 'checkpoints' / 'step_0'}",
-                f"eval.selfplay_proposals_per_seed={per_goal}", f"eval.output_dir={out}",
-            ]  # fmt: skip
-            commands.append(Command(argv, out / "metrics.json", out.with_name(out.name + ".log")))
-    return commands
+    def train_command(self) -> Command:
+        argv = [
+            "nemo-azr", "train", f"experiment={self.experiment}", f"trainer.output_dir={self.run}",
+            f"trainer.max_steps={self.steps}", f"trainer.save_interval={SAVE_INTERVAL}", "trainer.keep_last=0",
+            *self.overrides,
+        ]  # fmt: skip
+        return Command(argv, self.run / "checkpoints" / f"step_{self.steps}", self.run / "train.log")
 
+    def fixed_commands(self) -> list[Command]:
+        """Every fixed-solver pass, the shorter seed-0 passes of all checkpoints first (a stopped
+        script has then compared the ends of the run once before it spends time on the second passes)."""
+        checkpoints = self.run / "checkpoints"
+        commands = []
+        for seed, per_goal, suffix in FIXED_PASSES:
+            for step in self.fixed_steps:
+                out = self.fixed_pass_dir(step, suffix)
+                argv = [
+                    "nemo-azr", "eval", f"experiment={self.experiment}", f"seed={seed}", *self.overrides,
+                    f"eval.checkpoint={checkpoints / f'step_{step}'}", "eval.selfplay_solver=false",
+                    f"eval.selfplay_fixed_solver={checkpoints / 'step_0'}",
+                    f"eval.selfplay_proposals_per_seed={per_goal}", f"eval.output_dir={out}",
+                ]  # fmt: skip
+                commands.append(Command(argv, out / "metrics.json", out.with_name(out.name + ".log")))
+        return commands
 
-def table_argv(name: str, fixed_steps: Sequence[int], overrides: Sequence[str], eval_root: Path) -> list[str]:
-    """``selfplay_proposer_table.py`` over the pooled passes of each checkpoint."""
-    here = Path(__file__).resolve().parent
-    argv = [sys.executable, str(here / "selfplay_proposer_table.py"), "--slope"]
-    if rule_on(overrides):
-        argv.append("--success-must-fit-seed")
-    for step in fixed_steps:
-        dirs = ",".join(str(fixed_pass_dir(eval_root, name, step, suffix)) for *_, suffix in FIXED_PASSES)
-        argv.append(f"step_{step}={dirs}")
-    return argv
+    def table_argv(self) -> list[str]:
+        """``selfplay_proposer_table.py`` over the pooled passes of each checkpoint."""
+        argv = [sys.executable, str(HERE / "selfplay_proposer_table.py"), "--slope"]
+        if rule_on(self.overrides):
+            argv.append("--success-must-fit-seed")
+        for step in self.fixed_steps:
+            dirs = ",".join(str(self.fixed_pass_dir(step, suffix)) for *_, suffix in FIXED_PASSES)
+            argv.append(f"step_{step}={dirs}")
+        return argv
+
+    def report(self) -> str:
+        windows = subprocess.run(
+            [sys.executable, str(HERE / "selfplay_windows.py"), str(self.run / "metrics.jsonl"), "--window", "10"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        table = subprocess.run(self.table_argv(), capture_output=True, text=True, check=True).stdout
+        subprocess.call(
+            ["nemo-azr", "plot-selfplay", f"experiment={self.experiment}", f"trainer.output_dir={self.run}"],
+            stdout=subprocess.DEVNULL,
+        )
+        return (
+            f"# {self.name} ({self.experiment})\n\nOverrides: `{' '.join(self.overrides) or '(none)'}`\n\n"
+            f"## Training\n\n{windows}\n## The proposer against the fixed warmed-up solver\n\n{table}"
+        )
 
 
 def run_logged(command: Command) -> None:
@@ -127,32 +149,6 @@ def copy_warmup(source: Path, run: Path) -> None:
             sys.exit(f"selfplay_attempt: --warmup-from {source}: {what} is missing")
     shutil.copytree(source / "checkpoints" / "step_0", target)
     shutil.copytree(source / "kl_reference", run / "kl_reference", dirs_exist_ok=True)
-
-
-def report(
-    run: Path,
-    name: str,
-    fixed_steps: Sequence[int],
-    overrides: Sequence[str],
-    eval_root: Path,
-    experiment: str = EXPERIMENT,
-) -> str:
-    here = Path(__file__).resolve().parent
-    windows = subprocess.run(
-        [sys.executable, str(here / "selfplay_windows.py"), str(run / "metrics.jsonl"), "--window", "10"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    table = subprocess.run(
-        table_argv(name, fixed_steps, overrides, eval_root), capture_output=True, text=True, check=True
-    ).stdout
-    subprocess.call(
-        ["nemo-azr", "plot-selfplay", f"experiment={experiment}", f"trainer.output_dir={run}"],
-        stdout=subprocess.DEVNULL,
-    )
-    return (
-        f"# {name} ({experiment})\n\nOverrides: `{' '.join(overrides) or '(none)'}`\n\n## Training\n\n{windows}\n"
-        f"## The proposer against the fixed warmed-up solver\n\n{table}"
-    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -189,16 +185,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    run, eval_root = args.outputs / args.name, args.outputs / "fixed_eval"
+    attempt = Attempt(
+        args.name, args.steps, tuple(args.fixed_steps), tuple(args.overrides), args.experiment, args.outputs
+    )
     if args.warmup_from is not None:
-        copy_warmup(args.warmup_from, run)
-    run_logged(train_command(run, args.steps, args.overrides, args.experiment))
-    for command in fixed_commands(
-        run, args.name, args.fixed_steps, args.overrides, eval_root, args.experiment
-    ):
+        copy_warmup(args.warmup_from, attempt.run)
+    run_logged(attempt.train_command())
+    for command in attempt.fixed_commands():
         run_logged(command)
-    text = report(run, args.name, args.fixed_steps, args.overrides, eval_root, args.experiment)
-    (run / "attempt_report.md").write_text(text)
+    text = attempt.report()
+    (attempt.run / "attempt_report.md").write_text(text)
     print(text)
 
 

@@ -29,7 +29,7 @@ def test_rule_on_reads_the_last_override_of_the_exact_key(overrides, expected):
 
 
 def test_training_command_carries_the_overrides_and_waits_for_the_last_checkpoint(tmp_path):
-    cmd = sa.train_command(tmp_path / "run", 24, ["a.b=1"])
+    cmd = sa.Attempt("run", 24, (0, 24), ("a.b=1",), outputs=tmp_path).train_command()
     assert cmd.argv[:3] == ["nemo-azr", "train", "experiment=azr_sandbox_smollm2"]
     assert f"trainer.output_dir={tmp_path / 'run'}" in cmd.argv
     assert "trainer.max_steps=24" in cmd.argv and cmd.argv[-1] == "a.b=1"
@@ -37,8 +37,9 @@ def test_training_command_carries_the_overrides_and_waits_for_the_last_checkpoin
 
 
 def test_fixed_passes_run_every_seed0_pass_first_against_step_0(tmp_path):
-    run, root = tmp_path / "run", tmp_path / "fixed"
-    cmds = sa.fixed_commands(run, "r20", [0, 16, 40], ["x=1"], root)
+    attempt = sa.Attempt("r20", 40, (0, 16, 40), ("x=1",), outputs=tmp_path)
+    run = tmp_path / "r20"
+    cmds = attempt.fixed_commands()
     outs = [c.done_marker.parent.name for c in cmds]
     assert outs == [
         "r20_step_0",
@@ -58,11 +59,14 @@ def test_fixed_passes_run_every_seed0_pass_first_against_step_0(tmp_path):
 
 
 def test_the_table_pools_both_passes_and_reads_under_the_rule_only_when_it_is_on(tmp_path):
-    root = tmp_path / "fixed"
-    plain = sa.table_argv("r20", [0, 40], [], root)
+    root = tmp_path / "fixed_eval"
+    plain = sa.Attempt("r20", 40, (0, 40), outputs=tmp_path).table_argv()
     assert "--slope" in plain and "--success-must-fit-seed" not in plain
     assert plain[-1] == f"step_40={root / 'r20_step_40'},{root / 'r20_step_40_seed1'}"
-    assert "--success-must-fit-seed" in sa.table_argv("r20", [0, 40], [f"{RULE}=true"], root)
+    assert (
+        "--success-must-fit-seed"
+        in sa.Attempt("r20", 40, (0, 40), (f"{RULE}=true",), outputs=tmp_path).table_argv()
+    )
 
 
 def test_fixed_steps_default_to_both_ends_and_must_be_saved_checkpoints():
