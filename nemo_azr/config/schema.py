@@ -366,7 +366,8 @@ class RLCRConfig:
     warmup_answer_turn: bool = True
     # two-turn answer turn: "sample" (G_a answers at generation.temperature, trained on accuracy) or
     # "greedy" (one argmax answer per prompt, not trained: only the confidence turn learns, on the
-    # answers a greedy evaluation scores; needs num_generations_answer=1)
+    # answers a greedy evaluation scores; needs num_generations_answer=1) or "greedy_and_sample" (the
+    # argmax answer, untrained, then G_a - 1 sampled ones; decision 197)
     answer_decoding: str = "sample"
     # two-turn: text the confidence reply starts with, placed after the generation prompt as part of
     # the turn-2 context (not generated, not trained), e.g. "<confidence>": the model then writes only

@@ -29,6 +29,7 @@ from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
+from nemo_azr.rlcr.common import GREEDY_ANSWER
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
 RLCR_INFO_KEY = "rlcr"
@@ -129,8 +130,9 @@ def expected_confidence_advantages(
 
 @advantage_estimator("rlcr_hierarchical", required_meta=(F.GROUP_ID, F.SUBGROUP_ID, F.SAMPLE_TYPE))
 def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Answer rows per prompt (``group_id``), confidence rows per answer (``subgroup_id``), scaled by
-    ``lambda_ans`` / ``lambda_conf``, projected onto ``loss_mask``: ``advantages[B, T]``.
+    """Answer rows per prompt (``group_id``; argmax answers left out), confidence rows per answer
+    (``subgroup_id``), scaled by ``lambda_ans`` / ``lambda_conf``, projected onto ``loss_mask``:
+    ``advantages[B, T]``.
 
     Settings come from ``batch.info["rlcr"]`` (an :class:`RLCRConfig` set by the RLCR workflows);
     without it the :class:`RLCRConfig` defaults apply.
@@ -145,7 +147,10 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
         )
     rewards = sequence_rewards(batch).to(STATS_DTYPE).cpu()
     is_answer = [t == SampleType.ANSWER.value for t in types]
-    ans_rows = [i for i, a in enumerate(is_answer) if a]
+    # argmax answers (rlcr.answer_decoding greedy / greedy_and_sample) are not trained and stay out
+    # of the sampled answers' baseline: it is the mean of the policy's own samples
+    greedy = batch.meta.get(GREEDY_ANSWER) or [False] * len(batch)
+    ans_rows = [i for i, a in enumerate(is_answer) if a and not greedy[i]]
     conf_rows = [i for i, a in enumerate(is_answer) if not a]
     groups, subgroups = batch.meta[F.GROUP_ID], batch.meta[F.SUBGROUP_ID]
 

@@ -24,6 +24,8 @@ HAS_CONFIDENCE = "has_confidence"
 #: rlcr.expected_confidence_readout): the answer's expected confidence over the candidates
 EXPECTED_CONFIDENCE = "expected_confidence"
 FORMAT_OK = "format_ok"
+#: two-turn answer rows: an argmax answer (rlcr.answer_decoding greedy / greedy_and_sample), not trained
+GREEDY_ANSWER = "greedy_answer"
 
 #: Bins of the per-step confidence histogram (``rlcr/conf_hist_bin_k`` scalars).
 CONF_HIST_BINS = 5

@@ -6,7 +6,7 @@ from nemo_azr.config.checks import one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.rlcr.common import confidence_candidate_texts
 
-ANSWER_DECODINGS = ("sample", "greedy")  # rlcr.answer_decoding
+ANSWER_DECODINGS = ("sample", "greedy", "greedy_and_sample")  # rlcr.answer_decoding
 CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
 
 

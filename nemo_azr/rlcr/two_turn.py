@@ -2,7 +2,8 @@
 
 Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``); with
 ``rlcr.answer_decoding=greedy`` it decodes one argmax answer per prompt, scored but not trained
-(its ``loss_mask`` is all zero), so only the confidence turn learns. Turn 2 puts each answer
+(its ``loss_mask`` is all zero), so only the confidence turn learns; ``greedy_and_sample`` decodes
+that argmax answer first and ``G_a - 1`` sampled ones after it (only those are trained). Turn 2 puts each answer
 back into the conversation as the assistant turn, adds the confidence request, and samples ``G_c``
 confidences per answer; all (prompt, answer) pairs go into ONE generate call. Rewards are fused into
 the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
@@ -43,6 +44,7 @@ from nemo_azr.rlcr.common import (
     CONFIDENCE,
     EXPECTED_CONFIDENCE,
     FORMAT_OK,
+    GREEDY_ANSWER,
     HAS_CONFIDENCE,
     RowBuffer,
     calibration_step_metrics,
@@ -141,7 +143,12 @@ class TwoTurnRLCRWorkflow:
             greedy=sampling.greedy or greedy_answers,
         )
         requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompt_ids)]
-        turn1 = backend.generate(requests, answer_sampling)
+        if s.answer_decoding == "greedy_and_sample":
+            turn1 = self._greedy_and_sampled_answers(backend, requests, answer_sampling)
+        else:
+            turn1 = backend.generate(requests, answer_sampling)
+        # the first `untrained` answers of each prompt are argmax ones: scored, not trained
+        untrained = {"greedy": s.num_generations_answer, "greedy_and_sample": 1}.get(s.answer_decoding, 0)
 
         answers = RowBuffer()
         pairs = []  # (prompt index, group id, answer id, turn-2 context ids, accuracy)
@@ -157,7 +164,7 @@ class TwoTurnRLCRWorkflow:
                     # Greedy answers are not trained: an argmax token has no sampling log-prob at the
                     # training temperature, and one answer per prompt has no baseline to compare with.
                     span_mask=[0] * len(sample.token_ids)
-                    if greedy_answers
+                    if k < untrained
                     else answer_span_mask(sample.token_ids, tok),
                     **{
                         F.UID: answer_id,
@@ -173,6 +180,7 @@ class TwoTurnRLCRWorkflow:
                         EXPECTED_CONFIDENCE: None,
                         HAS_CONFIDENCE: False,
                         FORMAT_OK: answer_format_ok(sample.text),
+                        GREEDY_ANSWER: k < untrained,
                     },
                 )
                 context = self._confidence_context(prompt_ids[i], sample.token_ids, ex, sample.text)
@@ -203,6 +211,11 @@ class TwoTurnRLCRWorkflow:
             if expected is not None:
                 metrics.update(_expected_metrics(expected, [acc for *_, acc in pairs]))
 
+        # a confidence row carries whether its answer was an argmax one (the two kinds' rows share keys)
+        greedy_by_answer = dict(zip(answers.meta[F.UID], answers.meta[GREEDY_ANSWER]))
+        confidences.meta[GREEDY_ANSWER] = [
+            greedy_by_answer[a] for a in confidences.meta.get(F.SUBGROUP_ID, [])
+        ]
         pad = pad_id(tok)
         batch = Batch.concat([answers.build(pad), confidences.build(pad)])
         batch.info = {
@@ -211,6 +224,18 @@ class TwoTurnRLCRWorkflow:
             "metrics": metrics,
         }
         return batch
+
+    @staticmethod
+    def _greedy_and_sampled_answers(
+        backend: GenerationBackend, requests: list[GenerationRequest], sampling: SamplingParams
+    ) -> list:
+        """``rlcr.answer_decoding=greedy_and_sample``: per prompt the argmax answer first (the one a
+        greedy evaluation asks the confidence about), then ``G_a - 1`` sampled ones, so the
+        confidence turn trains on the answers it will be judged on and still sees right and wrong
+        answers to one question side by side."""
+        greedy = backend.generate(requests, dataclasses.replace(sampling, n=1, greedy=True))
+        sampled = backend.generate(requests, dataclasses.replace(sampling, n=sampling.n - 1, greedy=False))
+        return [dataclasses.replace(g, samples=[*g.samples, *o.samples]) for g, o in zip(greedy, sampled)]
 
     @staticmethod
     def _confidence_meta(
@@ -345,6 +370,11 @@ class TwoTurnRLCRWorkflow:
             "rlcr/confidence_format_fail_frac": _fail_frac(c_meta.get(FORMAT_OK, [])),
         }
         metrics.update(calibration_step_metrics(c_meta.get(CONFIDENCE, []), c_meta.get(ANSWER_CORRECT, [])))
+        greedy = a_meta.get(GREEDY_ANSWER, [])
+        if any(greedy) and not all(greedy):  # greedy_and_sample: how far apart the two kinds of answer are
+            for name, want in (("greedy", True), ("sampled", False)):
+                accs = [a for a, g in zip(a_meta[ANSWER_CORRECT], greedy) if g == want]
+                metrics[f"rlcr/{name}_answer_accuracy"] = sum(accs) / len(accs)
         return metrics
 
     # --- supervised warm-up ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from nemo_azr.rlcr.common import (
     ANSWER_CORRECT,
     CONFIDENCE,
     EXPECTED_CONFIDENCE,
+    GREEDY_ANSWER,
     HAS_CONFIDENCE,
     turn_suffix_ids,
 )
@@ -40,16 +41,20 @@ class ScriptedBackend:
     def generate(self, requests, sampling):
         kind = "answer" if not self.calls else "confidence"
         self.calls.append((kind, [list(r.prompt_ids) for r in requests], sampling))
-        script = self.scripts[kind]
-        outputs = []
-        for r_i, req in enumerate(requests):
-            samples = []
-            for j in range(sampling.n):
-                text = script[(r_i * sampling.n + j) % len(script)]
-                ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-                samples.append(Sample(ids, [-0.5] * len(ids), text, "eos"))
-            outputs.append(GenerationOutput(req, samples, policy_version=self.version))
-        return outputs
+        return _scripted_outputs(self.tok, requests, sampling, self.scripts[kind], self.version)
+
+
+def _scripted_outputs(tok, requests, sampling, script, version):
+    """``sampling.n`` samples per request, the texts of ``script`` in turn (cycled)."""
+    outputs = []
+    for r_i, req in enumerate(requests):
+        samples = []
+        for j in range(sampling.n):
+            text = script[(r_i * sampling.n + j) % len(script)]
+            ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+            samples.append(Sample(ids, [-0.5] * len(ids), text, "eos"))
+        outputs.append(GenerationOutput(req, samples, policy_version=version))
+    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +236,7 @@ def test_sft_pairs(tok, tiny_cache):
         (["algorithm.mini_batch_size=7"], "G_a x (1 + G_c)"),
         (["rlcr.answer_decoding=beam"], "rlcr.answer_decoding"),
         (["rlcr.answer_decoding=greedy", "rlcr.num_generations_answer=2"], "num_generations_answer=1"),
+        (["rlcr.answer_decoding=greedy_and_sample", "rlcr.num_generations_answer=1"], "must be >= 2"),
     ],
 )
 def test_config_validation(tiny_cache, overrides, message):
@@ -352,6 +358,86 @@ def test_two_turn_greedy_answers_train_only_the_confidence_turn(tok, tiny_cache)
             target = expected[batch[F.SUBGROUP_ID][i]][h]
             assert row.numel() > 0 and row.float().allclose(torch.full_like(row.float(), target), atol=1e-6)
     assert expected["s0-p0-a0"][0] > 0 > expected["s0-p1-a0"][0]  # sure pays when right, costs when wrong
+
+
+class GreedyThenSampledBackend:
+    """Turn 1 in two calls, greedy then sampled answers, each from its own script; then confidences."""
+
+    def __init__(self, tokenizer, greedy, sampled, confidences):
+        self.tok = tokenizer
+        self.scripts = [list(greedy), list(sampled), list(confidences)]
+        self.calls = []
+        self.version = 3
+
+    def generate(self, requests, sampling):
+        script = self.scripts[min(len(self.calls), 2)]
+        self.calls.append((len(self.calls), [list(r.prompt_ids) for r in requests], sampling))
+        return _scripted_outputs(self.tok, requests, sampling, script, self.version)
+
+
+def test_two_turn_greedy_and_sampled_answers(tok, tiny_cache):
+    """rlcr.answer_decoding=greedy_and_sample: per prompt the argmax answer first (not trained, out of
+    the answers' baseline), then G_a - 1 sampled answers normalised among themselves; every answer
+    gets its confidences, normalised per answer as always."""
+    cfg = _cfg(
+        tiny_cache,
+        "rlcr.answer_decoding=greedy_and_sample",
+        "rlcr.num_generations_answer=3",
+        "rlcr.num_generations_confidence=2",
+        "rlcr.scale_std=false",
+        "rlcr.lambda_ans=1.0",
+        "rlcr.lambda_conf=1.0",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    greedy = ["<think>3 + 4</think><answer>7</answer>"]  # right for 3 + 4, wrong for 1 + 1
+    sampled = [  # prompt 0: right, wrong; prompt 1: right, right
+        "<think>3 + 4</think><answer>7</answer>",
+        "<think>3 + 4</think><answer>9</answer>",
+        "<think>1 + 1</think><answer>2</answer>",
+        "<think>1 + 1</think><answer>2</answer>",
+    ]
+    confidences = ["<confidence>0.9</confidence>", "<confidence>0.4</confidence>"]
+    backend = GreedyThenSampledBackend(tok, greedy, sampled, confidences)
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
+    validate_batch(batch, "reward")
+
+    (_, _, first), (_, _, second), (_, _, third) = backend.calls
+    assert first.greedy and first.n == 1
+    assert not second.greedy and second.n == 2 and second.temperature == 0.7
+    assert not third.greedy and third.n == 2
+    types, uids, mask = batch[F.SAMPLE_TYPE], batch[F.UID], batch[F.LOSS_MASK]
+    greedy_flags = batch[GREEDY_ANSWER]
+    answers = {uids[i]: i for i, t in enumerate(types) if t == "answer"}
+    assert sorted(answers) == [f"s0-p{p}-a{k}" for p in (0, 1) for k in range(3)]
+    for uid, i in answers.items():
+        is_greedy = uid.endswith("-a0")
+        assert greedy_flags[i] is is_greedy and bool(mask[i].any()) is not is_greedy
+    assert [batch[F.REWARDS][answers[f"s0-p{p}-a{k}"]].item() for p in (0, 1) for k in range(3)] == [
+        1.0, 1.0, 0.0, 0.0, 1.0, 1.0,
+    ]  # fmt: skip
+    assert types.count("confidence") == 12  # 6 answers x 2 confidences, the greedy ones' included
+    for i, t in enumerate(types):  # a confidence row carries its answer's flag
+        if t == "confidence":
+            assert greedy_flags[i] is batch[F.SUBGROUP_ID][i].endswith("-a0")
+
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    # sampled answers against their own mean: prompt 0 (1, 0) -> +0.5 / -0.5; prompt 1 (1, 1) -> 0.
+    # With the greedy answer in the baseline they would be 1 - 2/3 and 0 - 2/3, and 1 - 2/3 twice.
+    expected = {"s0-p0-a1": 0.5, "s0-p0-a2": -0.5, "s0-p1-a1": 0.0, "s0-p1-a2": 0.0}
+    for uid, i in answers.items():
+        row = advantages[i][mask[i].bool()]
+        if uid.endswith("-a0"):
+            assert float(advantages[i].abs().sum()) == 0.0
+        else:
+            assert row.numel() > 0 and row.float().allclose(torch.full_like(row.float(), expected[uid]))
+    # the greedy wrong answer of prompt 1: its two confidences 0.9 / 0.4 -> Brier 0.19 / 0.84, mean 0.515
+    conf = [i for i, t in enumerate(types) if t == "confidence" and batch[F.SUBGROUP_ID][i] == "s0-p1-a0"]
+    got = sorted(round(float(advantages[i][mask[i].bool()][0]), 6) for i in conf)
+    assert got == [round(0.19 - 0.515, 6), round(0.84 - 0.515, 6)]
+    metrics = batch.info["metrics"]
+    assert metrics["rlcr/greedy_answer_accuracy"] == 0.5 and metrics["rlcr/sampled_answer_accuracy"] == 0.75
 
 
 def test_two_turn_confidence_prefill_is_context_parsed_with_the_reply(tok, tiny_cache):
