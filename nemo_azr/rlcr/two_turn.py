@@ -3,10 +3,10 @@
 Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``); with
 ``rlcr.answer_decoding=greedy`` it decodes one argmax answer per prompt, scored but not trained
 (its ``loss_mask`` is all zero), so only the confidence turn learns; ``greedy_and_sample`` decodes
-that argmax answer first and ``G_a - 1`` sampled ones after it (only those are trained). Turn 2 puts each answer
-back into the conversation as the assistant turn, adds the confidence request, and samples ``G_c``
-confidences per answer; all (prompt, answer) pairs go into ONE generate call. Rewards are fused into
-the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
+that argmax answer first and ``G_a - 1`` sampled ones after it (only those are trained). Turn 2
+puts each answer back into the conversation as the assistant turn, adds the confidence request, and
+samples ``G_c`` confidences per answer; all (prompt, answer) pairs go into ONE generate call.
+Rewards are fused into the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
 ``rlcr.confidence_prefill`` starts every confidence reply in its context (parsed as prefill + reply).
 ``rlcr.confidence_decoding=enumerate`` samples no confidence: every candidate value is a row with the
 backend's log-probs of writing it (``contracts.ScoresContinuations``), for the estimator's exact
@@ -31,6 +31,7 @@ from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.generation import (
     GenerationBackend,
+    GenerationOutput,
     GenerationRequest,
     Sample,
     SamplingParams,
@@ -228,7 +229,7 @@ class TwoTurnRLCRWorkflow:
     @staticmethod
     def _greedy_and_sampled_answers(
         backend: GenerationBackend, requests: list[GenerationRequest], sampling: SamplingParams
-    ) -> list:
+    ) -> list[GenerationOutput]:
         """``rlcr.answer_decoding=greedy_and_sample``: per prompt the argmax answer first (the one a
         greedy evaluation asks the confidence about), then ``G_a - 1`` sampled ones, so the
         confidence turn trains on the answers it will be judged on and still sees right and wrong
