@@ -6,7 +6,8 @@ Turn 1 samples ``G_a`` answers per prompt and scores them (``acc_reward``); with
 that argmax answer first and ``G_a - 1`` sampled ones after it (only those are trained). Turn 2
 puts each answer back into the conversation as the assistant turn, adds the confidence request, and
 samples ``G_c`` confidences per answer; all (prompt, answer) pairs go into ONE generate call.
-Rewards are fused into the batch (answer rows: accuracy; confidence rows: Brier against their own answer's accuracy).
+Rewards are fused into the batch (answer rows: accuracy; confidence rows: Brier against their own
+answer's accuracy).
 ``rlcr.confidence_prefill`` starts every confidence reply in its context (parsed as prefill + reply).
 ``rlcr.confidence_decoding=enumerate`` samples no confidence: every candidate value is a row with the
 backend's log-probs of writing it (``contracts.ScoresContinuations``), for the estimator's exact
