@@ -69,6 +69,24 @@ def test_the_table_pools_both_passes_and_reads_under_the_rule_only_when_it_is_on
     )
 
 
+def test_a_third_pass_runs_after_the_first_two_and_the_table_pools_all_three(tmp_path):
+    root = tmp_path / "fixed_eval"
+    attempt = sa.Attempt("r20", 40, (0, 40), outputs=tmp_path, passes=3)
+    cmds = attempt.fixed_commands()
+    assert [c.done_marker.parent.name for c in cmds[4:]] == ["r20_step_0_seed2", "r20_step_40_seed2"]
+    assert all("seed=2" in c.argv and "eval.selfplay_proposals_per_seed=6" in c.argv for c in cmds[4:])
+    # the first four are the two-pass attempt's own: a rerun with --passes 3 skips them when done
+    assert [c.argv for c in cmds[:4]] == [
+        c.argv for c in sa.Attempt("r20", 40, (0, 40), outputs=tmp_path).fixed_commands()
+    ]
+    pooled = [root / f"r20_step_40{suffix}" for suffix in ("", "_seed1", "_seed2")]
+    assert attempt.table_argv()[-1] == "step_40=" + ",".join(map(str, pooled))
+    assert sa.parse_args(["r20", "--passes", "3"]).passes == 3
+    assert sa.parse_args(["r20"]).passes == 2
+    with pytest.raises(SystemExit):
+        sa.parse_args(["r20", "--passes", "0"])
+
+
 def test_fixed_steps_default_to_both_ends_and_must_be_saved_checkpoints():
     assert sa.parse_args(["r20", "--steps", "40"]).fixed_steps == [0, 40]
     assert sa.parse_args(["r20", "--steps", "20", "--fixed-steps", "16,0,20"]).fixed_steps == [0, 16, 20]
