@@ -3,12 +3,15 @@
 A real model's warm-up takes minutes to over an hour on a CPU (133 s a step for SmolLM2-135M in fp32
 on two AVX2 cores), so a line every few steps alone can leave a user without news for half an hour.
 The first line comes after the first step (its time and an estimate of the rest); later ones every
-``every`` steps or ``seconds`` of wall time, whichever comes first, and one at the end.
+``every`` steps or ``seconds`` of wall time, whichever comes first, and one at the end. The rate is
+that of the last ``every`` steps, not the mean since the start: after a slow stretch (another job
+on the machine, a paused process) the estimate recovers within ``every`` steps.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 WARMUP_PROGRESS_EVERY = 10  # warm-up steps between two progress lines ...
@@ -28,7 +31,7 @@ class StepProgress:
     ``"<label>: step k/N, loss x, t s/step, elapsed, about T left"`` lines through ``emit``.
 
     ``first_step`` is the step this process starts at (a resumed warm-up): the rate and the
-    estimate use only the steps this process timed.
+    estimate use only the steps this process timed, at most the last ``every`` of them.
     """
 
     def __init__(
@@ -48,10 +51,14 @@ class StepProgress:
         self.first_step, self.every, self.seconds, self.clock = first_step, every, seconds, clock
         self.start = clock()
         self.last_line = self.start
+        # (steps timed, clock) at the last every + 1 step ends: the window the rate is read over
+        self.recent: deque[tuple[int, float]] = deque([(0, self.start)], maxlen=every + 1)
 
     def __call__(self, step: int, loss: float) -> None:
         done, now = step + 1, self.clock()
         timed = done - self.first_step
+        if timed >= 1:
+            self.recent.append((timed, now))
         due = (
             timed == 1 or done == self.total or done % self.every == 0 or now - self.last_line >= self.seconds
         )
@@ -59,7 +66,8 @@ class StepProgress:
             return
         self.last_line = now
         elapsed = now - self.start
-        per_step = elapsed / timed
+        oldest_timed, oldest_at = self.recent[0]
+        per_step = (now - oldest_at) / max(1, timed - oldest_timed)
         left = "" if done >= self.total else f", about {_duration(per_step * (self.total - done))} left"
         self.emit(
             f"{self.label}: step {done}/{self.total}, loss {loss:.3f}, {per_step:.1f} s/step, "

@@ -55,6 +55,20 @@ def test_a_resumed_warmup_times_only_its_own_steps():
     assert len(lines) == 2
 
 
+def test_the_rate_is_the_last_steps_so_a_paused_stretch_leaves_the_estimate():
+    clock, lines = FakeClock(), []
+    progress = StepProgress("warm-up", 40, lines.append, clock=clock, every=10, seconds=1e9)
+    run_steps(progress, clock, range(3), seconds_per_step=100.0)
+    run_steps(progress, clock, range(3, 4), seconds_per_step=3700.0)  # paused for an hour
+    run_steps(progress, clock, range(4, 10), seconds_per_step=100.0)
+    # step 10: the window (steps 1-10) holds the paused one: (9 x 100 + 3700) / 10 = 460 s/step
+    assert lines[1] == "warm-up: step 10/40, loss 0.500, 460.0 s/step, 77 min elapsed, about 3.8 h left"
+    run_steps(progress, clock, range(10, 20), seconds_per_step=100.0)
+    # step 20: steps 11-20 only: 100 s/step, 20 left -> 2000 s = 33 min (the mean since the
+    # start, 5600 s / 20 = 280 s/step, would say 93 min)
+    assert lines[2] == "warm-up: step 20/40, loss 0.500, 100.0 s/step, 1.6 h elapsed, about 33 min left"
+
+
 def test_long_runs_are_estimated_in_hours():
     clock, lines = FakeClock(), []
     progress = StepProgress("warm-up", 1000, lines.append, clock=clock)
