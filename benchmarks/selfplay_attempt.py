@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_azr.trainer.preemption import EXIT_PREEMPTED
+
 EXPERIMENT = "azr_sandbox_smollm2"  # --experiment: another self-play experiment with a saved step_0
 PASSES = 2  # --passes: the two passes docs/selfplay.md pools for runs 16-19
 RULE_KEY = "absolute_zero.sandbox_os.success_must_fit_seed"
@@ -144,6 +146,11 @@ def run_logged(command: Command) -> None:
     print(f"run: {' '.join(command.argv)}\n  log: {command.log}", flush=True)
     with command.log.open("a") as log:
         code = subprocess.call(command.argv, stdout=log, stderr=subprocess.STDOUT)
+    if code == EXIT_PREEMPTED:
+        sys.exit(
+            f"selfplay_attempt: {command.argv[1]} was stopped by a signal and saved its progress "
+            f"(exit status {code}); the same command continues it; see {command.log}"
+        )
     if code != 0:
         sys.exit(f"selfplay_attempt: exit status {code}; see {command.log}")
 

@@ -113,6 +113,13 @@ def test_a_done_command_is_skipped_and_a_failing_one_stops_with_its_log(tmp_path
     with pytest.raises(SystemExit, match=r"exit status 3; see .*f\.log"):
         sa.run_logged(failing)
     assert "half-way" in failing.log.read_text()
+    stopped = sa.Command(
+        [sys.executable, "-c", "raise SystemExit(75)"], tmp_path / "absent", tmp_path / "s.log"
+    )
+    with pytest.raises(
+        SystemExit, match=r"stopped by a signal and saved its progress .* same command continues"
+    ):
+        sa.run_logged(stopped)
 
 
 def test_warmup_is_copied_once_and_a_missing_one_is_named(tmp_path):
