@@ -2,6 +2,8 @@
 vocab-parallel token log-probs, the TP/PP/DP policy (optionally with megatron's distributed
 optimizer) and resharding checkpoints. Needs megatron-core (``pip install -e '.[megatron]'``)."""
 
+# first, before megatron-core's first import: it filters megatron-core's fallback warnings
+from nemo_azr.models.megatron import fallback_notice  # noqa: F401, I001
 from nemo_azr.models.megatron.builder import (
     build_gpt_model,
     check_layout_fits,

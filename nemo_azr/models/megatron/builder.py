@@ -20,6 +20,7 @@ import torch
 
 from nemo_azr.distributed.parallel import ParallelLayout
 from nemo_azr.errors import ConfigError
+from nemo_azr.models.megatron.fallback_notice import announce_torch_fallbacks
 
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
@@ -171,6 +172,9 @@ def transformer_config_from_hf(hf_config: Any, layout: ParallelLayout, *, dtype:
         fp16=dtype == torch.float16,
         use_cpu_initialization=True,
         init_method_std=getattr(hf_config, "initializer_range", 0.02),
+        # No CUDA graphs either way; [] is the current spelling of the default ("full", which
+        # megatron-core warns about as deprecated on every config it builds).
+        cuda_graph_scope=[],
         # The project's losses already carry their global normalisers (tokens of the whole
         # mini-batch): the pipeline schedule must not divide them by tokens or micro-batches again.
         calculate_per_token_loss=True,
@@ -260,6 +264,10 @@ def build_gpt_model(
     if dtype != torch.float32 and not torch.cuda.is_available():
         raise ConfigError(f"dtype {dtype} needs CUDA; the megatron backend runs float32 on CPU")
     te = use_transformer_engine(use_te)
+    if not te:
+        announce_torch_fallbacks(
+            is_main=not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+        )
     config = transformer_config_from_hf(hf_config, layout, dtype=dtype)
     if pre_process is None:
         pre_process = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
