@@ -1,4 +1,4 @@
-"""One line instead of megatron-core's fallback warnings.
+"""One line instead of megatron-core's fallback warnings (and none for its checkpoints' deprecations).
 
 Without TransformerEngine and Apex (every CPU machine, and GPU images without them) megatron-core
 warns at import and at model build that it falls back to torch: about five warnings a rank, each
@@ -19,6 +19,12 @@ FALLBACK_WARNINGS = (
     r"Transformer Engine and Apex are not installed",
     r"Apex is not installed",
 )
+#: deprecations inside megatron-core's distributed checkpointing (its ShardedTensor and torch's
+#: deprecated ``load_state_dict``), printed by every rank on every resume; nothing a user can change
+CHECKPOINT_DEPRECATIONS = (
+    r"Please use DTensor instead and we are deprecating ShardedTensor",
+    r"`load_state_dict` is deprecated and will be removed in future versions",
+)
 #: a GPU tuning hint with no meaning where there is no GPU
 CPU_ONLY_WARNINGS = (r"When using async grad allreduce it is recommended to set the environment variable",)
 NOTICE = (
@@ -30,10 +36,12 @@ _announced = False
 
 
 def filter_fallback_warnings() -> None:
-    """Drop the fallback warnings (and, without CUDA, the GPU-only hints) in this process."""
+    """Drop the fallback warnings, the checkpoint deprecations and, without CUDA, the GPU-only hints."""
     messages = FALLBACK_WARNINGS + (() if torch.cuda.is_available() else CPU_ONLY_WARNINGS)
     for message in messages:
         warnings.filterwarnings("ignore", message=message, category=UserWarning)
+    for message in CHECKPOINT_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
 def announce_torch_fallbacks(is_main: bool) -> None:
