@@ -381,6 +381,11 @@ class RLCRConfig:
     confidence_candidates: list[float] = field(
         default_factory=lambda: [round(0.1 * i, 1) for i in range(11)]
     )  # enumerate: written with one decimal ("0.3")
+    # enumerate: N > 0 analyses sampled per answer (after a prefilled <analysis> tag, up to
+    # </analysis> or confidence_max_new_tokens), each followed by the <confidence> prefill and every
+    # candidate; the analyses are rewarded with the expected Brier reward after them, normalised over
+    # the answer's N (rlcr/analysis.py, decision 199). 0: the candidates follow the answer directly
+    analyses_per_answer: int = 0
     # sampled confidence turn: also score confidence_candidates after each answer's prefill and record
     # the policy's expected confidence (meta "expected_confidence", metrics rlcr/expected_*; the eval
     # reports its calibration beside the stated one). Not in the reward. Same needs as enumerate;

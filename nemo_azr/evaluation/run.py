@@ -53,9 +53,14 @@ def eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
     # the model states its confidence as it writes it (rlcr.confidence_decoding=enumerate is how
     # training reads the confidence's distribution, not what the model says); a run trained that way
     # also gets its expected confidence over the candidates, read beside the written one
-    if cfg.rlcr.confidence_decoding == "enumerate":
-        out.rlcr.expected_confidence_readout = True
-    out.rlcr.confidence_decoding = "sample"
+    if cfg.rlcr.confidence_decoding == "enumerate" and cfg.rlcr.analyses_per_answer > 0:
+        # an analysis is decoded as in training, then the likeliest candidate after it is what the
+        # model states (greedy decoding's), the candidates' mean its expected confidence
+        out.rlcr.analyses_per_answer = 1 if cfg.eval.greedy else cfg.eval.confidences_per_answer
+    else:
+        if cfg.rlcr.confidence_decoding == "enumerate":
+            out.rlcr.expected_confidence_readout = True
+        out.rlcr.confidence_decoding = "sample"
     out.generation.n_samples = answers
     return out
 

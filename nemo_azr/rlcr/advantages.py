@@ -11,7 +11,9 @@ span mask (``loss_mask``).
 
 With ``rlcr.confidence_decoding=enumerate`` the confidence rows are every candidate value of an
 answer and their advantages weigh each by the policy's probability of it
-(:func:`expected_confidence_advantages`).
+(:func:`expected_confidence_advantages`); with ``rlcr.analyses_per_answer`` the analyses before them
+are sampled rows, normalised per answer on the expected Brier reward after each
+(:mod:`nemo_azr.rlcr.analysis`).
 
 Population std (1/G), as the seed writes it. A group whose rewards are all equal gets exactly 0
 (never rounding noise divided by eps). With ``scale_std=False`` only the mean is subtracted.
@@ -29,7 +31,7 @@ from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
-from nemo_azr.rlcr.common import GREEDY_ANSWER
+from nemo_azr.rlcr.common import CANDIDATE_OF, GREEDY_ANSWER
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
 RLCR_INFO_KEY = "rlcr"
@@ -169,9 +171,23 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
                 f"needs {F.OLD_LOGPROBS!r} or {F.ROLLOUT_LOGPROBS!r}"
             )
         sums = (logprobs.float() * batch.tensors[F.LOSS_MASK].float()).sum(1).cpu()
-        row[conf_rows] = settings.lambda_conf * expected_confidence_advantages(
-            rewards[conf_rows], sums[conf_rows], [subgroups[i] for i in conf_rows]
-        )
+        # candidates share a baseline within the context they follow (the answer, or an analysis of
+        # it: rlcr.analyses_per_answer); without the key (older batches) every row is a candidate
+        candidate_of = batch.meta.get(CANDIDATE_OF) or [subgroups[i] for i in range(len(batch))]
+        cand_rows = [i for i in conf_rows if candidate_of[i] is not None]
+        analysis_rows = [i for i in conf_rows if candidate_of[i] is None]
+        if cand_rows:
+            row[cand_rows] = settings.lambda_conf * expected_confidence_advantages(
+                rewards[cand_rows], sums[cand_rows], [candidate_of[i] for i in cand_rows]
+            )
+        if analysis_rows:  # rewarded with the expected Brier reward after them: per answer, as sampled
+            row[analysis_rows] = settings.lambda_conf * confidence_advantages(
+                rewards[analysis_rows],
+                [subgroups[i] for i in analysis_rows],
+                settings.scale_std,
+                settings.eps,
+                batch_scale=settings.conf_batch_scale,
+            )
     elif conf_rows:
         prompt_ids = [groups[i] for i in conf_rows] if settings.conf_prompt_level_norm else None
         row[conf_rows] = settings.lambda_conf * confidence_advantages(

@@ -26,6 +26,10 @@ EXPECTED_CONFIDENCE = "expected_confidence"
 FORMAT_OK = "format_ok"
 #: two-turn answer rows: an argmax answer (rlcr.answer_decoding greedy / greedy_and_sample), not trained
 GREEDY_ANSWER = "greedy_answer"
+#: two-turn, enumerated candidates: the id of the context a candidate row is one of the candidates
+#: in (its answer; with rlcr.analyses_per_answer its analysis), whose candidates share one expected
+#: reward as baseline; None on every other row
+CANDIDATE_OF = "candidate_of"
 
 #: Bins of the per-step confidence histogram (``rlcr/conf_hist_bin_k`` scalars).
 CONF_HIST_BINS = 5

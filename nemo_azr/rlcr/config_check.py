@@ -52,6 +52,15 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
         one_of("rlcr.confidence_decoding", r.confidence_decoding, CONFIDENCE_DECODINGS)
         if r.confidence_decoding == "enumerate" or r.expected_confidence_readout:
             _check_enumerated_confidences(cfg)
+        require(
+            r.analyses_per_answer >= 0, f"rlcr.analyses_per_answer must be >= 0, got {r.analyses_per_answer}"
+        )
+        require(
+            r.analyses_per_answer == 0 or r.confidence_decoding == "enumerate",
+            "rlcr.analyses_per_answer samples analyses before enumerated confidences: set "
+            "rlcr.confidence_decoding=enumerate (a sampled confidence reply writes its own analysis when "
+            "rlcr.confidence_prompt asks for one)",
+        )
         if r.confidence_decoding != "enumerate":
             require(
                 r.num_generations_confidence >= 2,

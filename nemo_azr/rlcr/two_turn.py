@@ -41,8 +41,10 @@ from nemo_azr.contracts.generation import (
 from nemo_azr.contracts.task import Example, Task
 from nemo_azr.errors import ConfigError
 from nemo_azr.rlcr.advantages import RLCR_INFO_KEY
+from nemo_azr.rlcr.analysis import analyses_then_candidates
 from nemo_azr.rlcr.common import (
     ANSWER_CORRECT,
+    CANDIDATE_OF,
     CONFIDENCE,
     EXPECTED_CONFIDENCE,
     FORMAT_OK,
@@ -117,6 +119,8 @@ class TwoTurnRLCRWorkflow:
         g_a, g_c = self.settings.num_generations_answer, self.settings.num_generations_confidence
         if self.settings.confidence_decoding == "enumerate":
             g_c = len(self.candidate_texts)
+            if self.settings.analyses_per_answer > 0:  # each analysis, then its candidates
+                g_c = self.settings.analyses_per_answer * (1 + g_c)
         return g_a * (1 + g_c)
 
     def _accuracy(self, example: Example, text: str) -> float:
@@ -194,11 +198,20 @@ class TwoTurnRLCRWorkflow:
             n=s.num_generations_confidence,
             max_new_tokens=s.confidence_max_new_tokens or sampling.max_new_tokens,
         )
-        if s.confidence_decoding == "enumerate":
+        turn2: list[RowBuffer] = []  # turn 2's rows, in buffers of one prompt layout each
+        if s.confidence_decoding == "enumerate" and s.analyses_per_answer > 0:
+            analyses, candidates, metrics = analyses_then_candidates(
+                self, examples, pairs, backend, confidence_sampling
+            )
+            metrics = {**self._metrics(answers, analyses), **metrics}
+            turn2 = [analyses, candidates]
+        elif s.confidence_decoding == "enumerate":
             confidences, metrics = self._enumerate_confidences(
                 examples, pairs, backend, confidence_sampling.temperature
             )
             metrics = {**self._metrics(answers, confidences), **metrics}
+            confidences.meta[CANDIDATE_OF] = list(confidences.meta.get(F.SUBGROUP_ID, []))
+            turn2 = [confidences]
         else:
             expected = None
             if s.expected_confidence_readout:
@@ -212,14 +225,17 @@ class TwoTurnRLCRWorkflow:
             metrics = self._metrics(answers, confidences)
             if expected is not None:
                 metrics.update(_expected_metrics(expected, [acc for *_, acc in pairs]))
+            turn2 = [confidences]
 
-        # a confidence row carries whether its answer was an argmax one (the two kinds' rows share keys)
+        # the two kinds' rows share keys: a turn-2 row carries whether its answer was an argmax one,
+        # an answer row that it is no candidate
+        answers.meta[CANDIDATE_OF] = [None] * len(answers.rewards)
         greedy_by_answer = dict(zip(answers.meta[F.UID], answers.meta[GREEDY_ANSWER]))
-        confidences.meta[GREEDY_ANSWER] = [
-            greedy_by_answer[a] for a in confidences.meta.get(F.SUBGROUP_ID, [])
-        ]
+        for rows in turn2:
+            rows.meta.setdefault(CANDIDATE_OF, [None] * len(rows.rewards))
+            rows.meta[GREEDY_ANSWER] = [greedy_by_answer[a] for a in rows.meta.get(F.SUBGROUP_ID, [])]
         pad = pad_id(tok)
-        batch = Batch.concat([answers.build(pad), confidences.build(pad)])
+        batch = Batch.concat([answers.build(pad), *(rows.build(pad) for rows in turn2)])
         batch.info = {
             "max_new_tokens": max(answer_sampling.max_new_tokens, confidence_sampling.max_new_tokens),
             RLCR_INFO_KEY: s,

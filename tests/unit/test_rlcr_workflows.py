@@ -709,3 +709,160 @@ def test_expected_confidence_readout_beside_sampled_confidences(tok, tiny_cache)
     assert m["rlcr/expected_confidence_mean"] == pytest.approx(0.5)
     assert m["rlcr/expected_brier_score"] == pytest.approx(0.25)
     assert "rlcr/confidence_mean" in m and m["rlcr/confidence_mean"] != pytest.approx(0.5)
+
+
+class AnalysingBackend(ScriptedBackend):
+    """Scripted answers and analyses; scores candidates by what the context says: after an analysis
+    holding "unsure" candidate j has probability ``unsure[j]``, after any other ``sure[j]``."""
+
+    def __init__(self, tokenizer, answers, analyses, sure, unsure):
+        super().__init__(tokenizer, answers, analyses)
+        self.sure, self.unsure = sure, unsure
+        self.scored = []
+
+    def continuation_logprobs(self, prompts, continuations, *, temperature=1.0):
+        self.scored.append((prompts, continuations, temperature))
+        out = []
+        for prompt, row in zip(prompts, continuations):
+            probs = self.unsure if "unsure" in self.tok.decode(prompt) else self.sure
+            out.append([[math.log(probs[j])] + [0.0] * (len(c) - 1) for j, c in enumerate(row)])
+        return out
+
+
+def _analysis_cfg(tiny_cache, *extra):
+    return _cfg(
+        tiny_cache,
+        "rlcr.answer_decoding=greedy",
+        "rlcr.num_generations_answer=1",
+        'rlcr.confidence_prefill="<confidence>"',
+        "rlcr.confidence_decoding=enumerate",
+        "rlcr.confidence_candidates=[0.1,0.5,0.9]",
+        "rlcr.analyses_per_answer=2",
+        *extra,
+    )
+
+
+def test_analyses_before_enumerated_confidences(tok, tiny_cache):
+    """rlcr.analyses_per_answer: per answer N analyses are sampled after the prefilled <analysis> tag
+    (stopping at </analysis>), then every candidate is scored after each analysis and the
+    <confidence> tag. An analysis row's reward is the expected Brier reward after it and its
+    advantage is normalised over the answer's analyses; a candidate's is w_c (R_c - sum w R) over
+    the candidates after its own analysis."""
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+    from nemo_azr.rlcr.common import CANDIDATE_OF
+
+    cfg = _analysis_cfg(tiny_cache)
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    assert wf.rows_per_prompt == 1 + 2 * (1 + 3)
+    sure, unsure = [0.1, 0.2, 0.7], [0.6, 0.3, 0.1]
+    analyses = ["3 + 4 is 7, sure</analysis>", "unsure"]  # the second is not closed
+    backend = AnalysingBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], analyses, sure, unsure)
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
+    validate_batch(batch, "reward")
+    assert len(batch) == 2 * wf.rows_per_prompt
+    from nemo_azr.config.batch_shape import rows_per_step  # what the config checks size batches by
+
+    assert rows_per_step(cfg)[0] == cfg.data.prompts_per_step * wf.rows_per_prompt
+
+    (_, _, _), (kind, contexts, sampling) = backend.calls
+    assert kind == "confidence" and sampling.n == 2 and "</analysis>" in sampling.stop_strings
+    open_ids = tok("<analysis>", add_special_tokens=False)["input_ids"]
+    prefill_ids = tok("<confidence>", add_special_tokens=False)["input_ids"]
+    close_ids = tok("</analysis>", add_special_tokens=False)["input_ids"]
+    assert all(ctx[-len(open_ids) :] == open_ids for ctx in contexts)
+    ((scored, conts, temperature),) = backend.scored
+    assert temperature == 0.7 and len(scored) == 2 * 2  # two answers x two analyses, one call
+    for k, ctx in enumerate(scored):
+        analysis_ids = tok(analyses[k % 2], add_special_tokens=False)["input_ids"]
+        closing = [] if k % 2 == 0 else close_ids
+        assert ctx == contexts[k // 2] + analysis_ids + closing + prefill_ids
+
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    values = [0.1, 0.5, 0.9]
+    kinds = batch[F.SAMPLE_TYPE]
+    analysis_rows = [i for i, t in enumerate(kinds) if t == "confidence" and batch[CANDIDATE_OF][i] is None]
+    candidate_rows = [i for i, t in enumerate(kinds) if t == "confidence" and batch[CANDIDATE_OF][i]]
+    assert len(analysis_rows) == 4 and len(candidate_rows) == 12
+    expected_reward = {}
+    for i in analysis_rows:
+        acc = batch[ANSWER_CORRECT][i]
+        probs = unsure if "unsure" in batch[F.RESPONSE_TEXT][i] else sure
+        rewards = [1 - (acc - v) ** 2 for v in values]
+        expected_reward[batch[F.UID][i]] = sum(p * r for p, r in zip(probs, rewards))
+        assert float(batch[F.REWARDS][i]) == pytest.approx(expected_reward[batch[F.UID][i]])
+        assert batch[CONFIDENCE][i] == values[probs.index(max(probs))]  # what greedy decoding states
+        assert batch[EXPECTED_CONFIDENCE][i] == pytest.approx(sum(p * v for p, v in zip(probs, values)))
+        assert batch[HAS_CONFIDENCE][i]
+        mask = batch[F.LOSS_MASK][i].bool()
+        assert (
+            int(mask.sum()) == len(tok(batch[F.RESPONSE_TEXT][i], add_special_tokens=False)["input_ids"]) + 1
+        )
+    for answer in {batch[F.SUBGROUP_ID][i] for i in analysis_rows}:
+        pair = [i for i in analysis_rows if batch[F.SUBGROUP_ID][i] == answer]
+        r = [expected_reward[batch[F.UID][i]] for i in pair]
+        for i, mine, other in ((pair[0], r[0], r[1]), (pair[1], r[1], r[0])):
+            want = 1.0 if mine > other else -1.0  # two analyses: (r - mean) / std = +-1
+            row = advantages[i][batch[F.LOSS_MASK][i].bool()].float()
+            assert torch.allclose(row, torch.full_like(row, want), atol=1e-4)
+    for i in candidate_rows:
+        analysis_uid = batch[CANDIDATE_OF][i]
+        h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+        acc = batch[ANSWER_CORRECT][i]
+        probs = unsure if analysis_uid.endswith("-n1") else sure
+        rewards = [1 - (acc - v) ** 2 for v in values]
+        assert not batch[HAS_CONFIDENCE][i]
+        mask = batch[F.LOSS_MASK][i].bool()
+        row = advantages[i][mask].float()
+        want = probs[h] * (rewards[h] - expected_reward[analysis_uid])
+        assert torch.allclose(row, torch.full_like(row, want), atol=1e-6)
+    m = batch.info["metrics"]
+    assert m["rlcr/analysis_closed_frac"] == pytest.approx(0.5)
+    # per answer: the mean of the expected confidences after its two analyses
+    mean_expected = (
+        sum(p * v for p, v in zip(sure, values)) + sum(p * v for p, v in zip(unsure, values))
+    ) / 2
+    assert m["rlcr/confidence_mean"] == pytest.approx(mean_expected)
+
+
+def test_evaluation_of_an_analysing_run_decodes_one_analysis(tok, tiny_cache):
+    """`nemo-azr eval` of a run trained with analyses: one (greedy) analysis per answer, the likeliest
+    candidate after it is the stated confidence and the candidates' mean the expected one."""
+    from nemo_azr.evaluation.run import eval_config
+
+    cfg = _analysis_cfg(tiny_cache, "eval.greedy=true")
+    out = eval_config(cfg)
+    assert out.rlcr.confidence_decoding == "enumerate" and out.rlcr.analyses_per_answer == 1
+    assert cfg.rlcr.analyses_per_answer == 2  # the run's own config is left alone
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(out.data), tok, out)
+    backend = AnalysingBackend(
+        tok,
+        ["<think>3 + 4</think><answer>7</answer>"],
+        ["unsure</analysis>"],
+        [0.1, 0.2, 0.7],
+        [0.2, 0.5, 0.3],
+    )
+    batch = wf.run(_examples(), backend, SamplingParams(n=1, greedy=True, max_new_tokens=30), step=0)
+    stated = [i for i in range(len(batch)) if batch[HAS_CONFIDENCE][i]]
+    assert len(stated) == 2 and all(batch[CONFIDENCE][i] == 0.5 for i in stated)
+    assert all(
+        batch[EXPECTED_CONFIDENCE][i] == pytest.approx(0.2 * 0.1 + 0.5 * 0.5 + 0.3 * 0.9) for i in stated
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rlcr.analyses_per_answer=2"], "rlcr.confidence_decoding=enumerate"),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.analyses_per_answer=-1",
+            ],
+            "rlcr.analyses_per_answer must be >= 0",
+        ),
+    ],
+)
+def test_analysis_config_validation(tiny_cache, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _cfg(tiny_cache, *overrides)
