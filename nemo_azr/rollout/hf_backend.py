@@ -62,6 +62,12 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+#: What one scoring forward (``continuation_logprobs``) may hold in copied KV cache and logits when
+#: ``generation.max_batch_size`` is 0: large enough that a step's candidates of a 135M model go in a
+#: few forwards, small enough for a 2-core, 24 GiB machine.
+SCORING_BUDGET_BYTES = 2 * 1024**3
+
+
 @GENERATION_BACKENDS.register("hf")
 class HFGenerationBackend(GenerationEngineBase):
     """Owns its own copy of the model (like a separate inference engine); ``sync_weights`` refreshes it."""
@@ -151,7 +157,9 @@ class HFGenerationBackend(GenerationEngineBase):
         if any(not c for _, c in rows):
             raise ValueError("continuation_logprobs: every continuation needs at least one token")
         scored: list[list[float]] = []
-        step = self.max_batch_size or len(rows) or 1
+        step = self.max_batch_size or self.scoring_rows_per_chunk(
+            max(len(p) for p in prompts), max(len(c) for _, c in rows)
+        )
         for start in range(0, len(rows), step):
             chunk = rows[start : start + step]
             scored.extend(
@@ -161,6 +169,21 @@ class HFGenerationBackend(GenerationEngineBase):
         for (i, _), values in zip(rows, scored):
             out[i].append(values)
         return out
+
+    def scoring_rows_per_chunk(self, context_len: int, span: int) -> int:
+        """Rows one :meth:`continuation_logprobs` forward takes when ``generation.max_batch_size`` is
+        0: as many as keep their copied KV cache and their logits under ``SCORING_BUDGET_BYTES``.
+        Every row holds its own copy of its context's cache: 1,100 RLCR candidate rows after a
+        500-token context are about 25 GB in fp32 for SmolLM2-135M, which is what one forward
+        used to take."""
+        cfg = self.model.config
+        heads = cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        itemsize = next(self.model.parameters()).element_size()
+        kv = 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize * (context_len + span)
+        logits = span * cfg.vocab_size * 4 * 2  # float32 logits and their log-softmax
+        return max(1, SCORING_BUDGET_BYTES // (kv + logits))
 
     def _score_chunk(
         self, prompts: list[list[int]], conts: list[list[int]], temperature: float

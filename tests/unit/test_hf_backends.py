@@ -90,6 +90,32 @@ def test_continuation_logprobs_match_a_full_forward_of_each_sequence(setup):
         backend.continuation_logprobs(prompts[:1], [[[]]])
 
 
+def test_continuation_scoring_is_chunked_by_memory_and_chunks_change_nothing(setup, monkeypatch):
+    """With generation.max_batch_size 0 a scoring forward takes only the rows whose copied KV cache
+    and logits fit the budget (hand-computed for the tiny model), and scoring in such chunks gives
+    what one forward gives."""
+    import nemo_azr.rollout.hf_backend as hf_backend
+
+    _, tok, policy, backend, prompts = setup
+    cfg = backend.model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    per_row = 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * (40 + 2) + 2 * cfg.vocab_size * 8
+    monkeypatch.setattr(hf_backend, "SCORING_BUDGET_BYTES", 3 * per_row + 1)
+    assert backend.scoring_rows_per_chunk(40, 2) == 3
+    monkeypatch.setattr(hf_backend, "SCORING_BUDGET_BYTES", 1)
+    assert backend.scoring_rows_per_chunk(40, 2) == 1  # never 0
+
+    prompts = [prompts[0], prompts[1], prompts[0]]
+    conts = [[[11], [12, 13]], [[14, 15, 16]], [[17, 18], [19]]]
+    one_row_at_a_time = backend.continuation_logprobs(prompts, conts, temperature=0.7)
+    monkeypatch.setattr(hf_backend, "SCORING_BUDGET_BYTES", 1 << 40)
+    one_forward = backend.continuation_logprobs(prompts, conts, temperature=0.7)
+    for a, b in zip(one_row_at_a_time, one_forward):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
+
+
 def test_greedy_matches_transformers_generate(setup):
     _cfg, tok, policy, backend, prompts = setup
     out = backend.generate(
