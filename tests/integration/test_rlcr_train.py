@@ -77,6 +77,29 @@ def test_experiment_trains_and_evaluates(experiment, tiny_cache, tmp_path, capsy
     assert sorted(r["sample_type"] for r in rows) == ["answer"] * 4 + ["confidence"] * confidence_rows
 
 
+def test_analyses_before_enumerated_confidences_train_and_evaluate(tiny_cache, tmp_path, capsys):
+    """rlcr.analyses_per_answer through the trainer: each answer's analyses, then every candidate
+    after each, in one batch the update takes; the greedy eval states one confidence per answer."""
+    out = tmp_path / "run"
+    overrides = [
+        *_overrides("rlcr_two_turn", tiny_cache, out),
+        'rlcr.confidence_prefill="<confidence>"',
+        "rlcr.confidence_decoding=enumerate",
+        "rlcr.confidence_candidates=[0.1,0.5,0.9]",
+        "rlcr.analyses_per_answer=2",
+    ]
+    result = Trainer(load_config(overrides)).fit()
+    assert result.status == "completed" and result.step == 2
+    for r in read_metrics(out / "metrics.jsonl"):
+        assert r["batch/rows"] == 2 * 2 * (1 + 2 * (1 + 3))  # prompts x G_a x (1 + N x (1 + candidates))
+        assert math.isfinite(r["actor/loss"]) and r["actor/grad_norm"] > 0
+        assert r["rlcr/analysis_length_mean"] > 0 and 0 <= r["rlcr/analysis_closed_frac"] <= 1
+    assert main(["eval", *overrides, "eval.num_examples=4", "eval.greedy=true"]) == 0
+    metrics = json.loads((out / "eval" / "metrics.json").read_text())
+    assert metrics["num_answers"] == metrics["num_confidences"] == 4
+    assert "expected_confidence" in metrics
+
+
 def test_eval_without_checkpoint_is_a_clear_error(tiny_cache, tmp_path, capsys):
     args = [
         "eval",
