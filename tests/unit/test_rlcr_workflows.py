@@ -534,6 +534,16 @@ def test_two_turn_confidence_prompt_restates_question_and_answer(tok, tiny_cache
     )
 
 
+#: one greedy answer per question, then the enumerated candidates 0.1, 0.5, 0.9 after the prefill
+GREEDY_ENUMERATED = (
+    "rlcr.answer_decoding=greedy",
+    "rlcr.num_generations_answer=1",
+    'rlcr.confidence_prefill="<confidence>"',
+    "rlcr.confidence_decoding=enumerate",
+    "rlcr.confidence_candidates=[0.1,0.5,0.9]",
+)
+
+
 class ScoringBackend(ScriptedBackend):
     """Also scores continuations (contracts.ScoresContinuations): candidate j of every context gets
     the log-prob ``log(probs[j])`` on its first token and 0 on the others; records the calls."""
@@ -555,15 +565,7 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
     """rlcr.confidence_decoding=enumerate: nothing is sampled in turn 2; each answer gets one row per
     candidate, the candidate's tokens after the prefilled tag (trained) with the backend's log-probs,
     its Brier reward, and the advantage w_c (R_c - sum w R) of the expected Brier gradient."""
-    cfg = _cfg(
-        tiny_cache,
-        "rlcr.answer_decoding=greedy",
-        "rlcr.num_generations_answer=1",
-        'rlcr.confidence_prefill="<confidence>"',
-        "rlcr.confidence_decoding=enumerate",
-        "rlcr.confidence_candidates=[0.1,0.5,0.9]",
-        "rlcr.lambda_conf=1.0",
-    )
+    cfg = _cfg(tiny_cache, *GREEDY_ENUMERATED, "rlcr.lambda_conf=1.0")
     wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
     assert wf.rows_per_prompt == 1 + 3
     probs = [0.2, 0.3, 0.5]
@@ -645,6 +647,15 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
                 "rlcr.confidence_candidates=[0.5,1.5]",
             ],
             "values in [0, 1]",
+        ),
+        (["rlcr.analyses_per_answer=2"], "rlcr.confidence_decoding=enumerate"),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.analyses_per_answer=-1",
+            ],
+            "rlcr.analyses_per_answer must be >= 0",
         ),
     ],
 )
@@ -730,16 +741,7 @@ class AnalysingBackend(ScriptedBackend):
 
 
 def _analysis_cfg(tiny_cache, *extra):
-    return _cfg(
-        tiny_cache,
-        "rlcr.answer_decoding=greedy",
-        "rlcr.num_generations_answer=1",
-        'rlcr.confidence_prefill="<confidence>"',
-        "rlcr.confidence_decoding=enumerate",
-        "rlcr.confidence_candidates=[0.1,0.5,0.9]",
-        "rlcr.analyses_per_answer=2",
-        *extra,
-    )
+    return _cfg(tiny_cache, *GREEDY_ENUMERATED, "rlcr.analyses_per_answer=2", *extra)
 
 
 def test_analyses_before_enumerated_confidences(tok, tiny_cache):
@@ -847,22 +849,3 @@ def test_evaluation_of_an_analysing_run_decodes_one_analysis(tok, tiny_cache):
     assert all(
         batch[EXPECTED_CONFIDENCE][i] == pytest.approx(0.2 * 0.1 + 0.5 * 0.5 + 0.3 * 0.9) for i in stated
     )
-
-
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["rlcr.analyses_per_answer=2"], "rlcr.confidence_decoding=enumerate"),
-        (
-            [
-                'rlcr.confidence_prefill="<confidence>"',
-                "rlcr.confidence_decoding=enumerate",
-                "rlcr.analyses_per_answer=-1",
-            ],
-            "rlcr.analyses_per_answer must be >= 0",
-        ),
-    ],
-)
-def test_analysis_config_validation(tiny_cache, overrides, message):
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        _cfg(tiny_cache, *overrides)
