@@ -68,7 +68,7 @@ def _candidate_context(
 
 
 def analyses_then_candidates(
-    workflow: Any,
+    workflow: Any,  # TwoTurnRLCRWorkflow (which imports this module)
     examples: Sequence[Example],
     pairs: list,
     backend: GenerationBackend,
@@ -96,12 +96,12 @@ def analyses_then_candidates(
         analysis_sampling,
     )
     # every analysis, then the candidates after it: one scoring call for all of them
-    analyses = []  # (pair, its analysis context, the sample, analysis id, candidate context)
+    analyses = []  # (pair, analysis context, sample, its policy version, analysis id, candidate context)
     for pair, ctx, out in zip(pairs, contexts, outputs):
         for h, sample in enumerate(out.samples):
             cand_ctx = _candidate_context(ctx, sample, tok.eos_token_id, close_ids, workflow.prefill_ids)
             analyses.append((pair, ctx, sample, out.policy_version, f"{pair[2]}-n{h}", cand_ctx))
-    scored, all_weights, mass = workflow._candidate_weights(
+    scored, all_weights, mass = workflow.candidate_weights(
         [(None, None, None, cand_ctx, None) for *_, cand_ctx in analyses], backend, sampling.temperature
     )
 
@@ -128,14 +128,14 @@ def analyses_then_candidates(
             sample,
             reward=expected_reward,
             span_mask=[1] * len(sample.token_ids),
-            **workflow._confidence_meta(ex, analysis_id, group, answer_id, version, acc, stated, expected),
+            **workflow.confidence_meta(ex, analysis_id, group, answer_id, version, acc, stated, expected),
             **{CANDIDATE_OF: None},
         )
         for h, (text, cand, logps) in enumerate(zip(texts, workflow.candidate_ids, per_candidate)):
             candidate = Sample(
                 token_ids=list(cand), logprobs=list(logps), text=text, finish_reason="enumerated"
             )
-            meta = workflow._confidence_meta(
+            meta = workflow.confidence_meta(
                 ex, f"{analysis_id}-c{h}", group, answer_id, backend.version, acc, values[h], expected
             )
             meta[HAS_CONFIDENCE] = False  # a candidate, not a statement: the analysis row states it

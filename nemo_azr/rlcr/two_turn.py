@@ -217,7 +217,7 @@ class TwoTurnRLCRWorkflow:
             if s.expected_confidence_readout:
                 expected = [
                     _expected_value(self.candidate_texts, w)
-                    for w in self._candidate_weights(pairs, backend, confidence_sampling.temperature)[1]
+                    for w in self.candidate_weights(pairs, backend, confidence_sampling.temperature)[1]
                 ]
             confidences = self._sample_confidences(
                 examples, pairs, backend, confidence_sampling, expected=expected
@@ -256,9 +256,19 @@ class TwoTurnRLCRWorkflow:
         return [dataclasses.replace(g, samples=[*g.samples, *o.samples]) for g, o in zip(greedy, sampled)]
 
     @staticmethod
-    def _confidence_meta(
-        ex: Example, uid: str, group: str, answer_id: str, version: int, acc: float, c, expected=None
-    ):
+    def confidence_meta(
+        ex: Example,
+        uid: str,
+        group: str,
+        answer_id: str,
+        version: int,
+        acc: float,
+        c: float | None,
+        expected: float | None = None,
+    ) -> dict:
+        """The meta of a turn-2 row: its ids, its answer's accuracy, the confidence ``c`` it states
+        (None: not parsed) and the answer's ``expected`` confidence over the candidates (None: not
+        scored)."""
         return {
             F.UID: uid,
             F.GROUP_ID: group,
@@ -299,7 +309,7 @@ class TwoTurnRLCRWorkflow:
                     sample,
                     reward=brier_reward(acc, c),
                     span_mask=confidence_span_mask(sample.token_ids, self.tokenizer, prefill=self.prefill),
-                    **self._confidence_meta(
+                    **self.confidence_meta(
                         ex,
                         f"{answer_id}-c{h}",
                         group,
@@ -312,7 +322,7 @@ class TwoTurnRLCRWorkflow:
                 )
         return confidences
 
-    def _candidate_weights(
+    def candidate_weights(
         self, pairs: list, backend: GenerationBackend, temperature: float
     ) -> tuple[list[list[list[float]]], list[list[float]], list[float]]:
         """Each answer's candidate confidences scored after its turn-2 context: per answer the
@@ -342,7 +352,7 @@ class TwoTurnRLCRWorkflow:
         its probability (rlcr.advantages.expected_confidence_advantages). Nothing is sampled."""
         texts = self.candidate_texts
         ids = self.candidate_ids
-        scored, all_weights, mass = self._candidate_weights(pairs, backend, temperature)
+        scored, all_weights, mass = self.candidate_weights(pairs, backend, temperature)
         confidences = RowBuffer()
         expected, expected_reward, correct = [], [], []
         for (i, group, answer_id, context, acc), per_candidate, weights in zip(pairs, scored, all_weights):
@@ -360,7 +370,7 @@ class TwoTurnRLCRWorkflow:
                     sample,
                     reward=brier_reward(acc, c),
                     span_mask=[1] * len(cand),
-                    **self._confidence_meta(
+                    **self.confidence_meta(
                         ex, f"{answer_id}-c{h}", group, answer_id, backend.version, acc, c, expected[-1]
                     ),
                 )
