@@ -11,7 +11,9 @@ answer's accuracy).
 ``rlcr.confidence_prefill`` starts every confidence reply in its context (parsed as prefill + reply).
 ``rlcr.confidence_decoding=enumerate`` samples no confidence: every candidate value is a row with the
 backend's log-probs of writing it (``contracts.ScoresContinuations``), for the estimator's exact
-expected-Brier advantages (decision 190). ``rlcr.expected_confidence_readout`` keeps the sampled
+expected-Brier advantages (decision 190); with ``rlcr.analyses_per_answer`` sampled analyses come
+first and the candidates follow each (:mod:`nemo_azr.rlcr.analysis`, decision 199).
+``rlcr.expected_confidence_readout`` keeps the sampled
 confidences and records beside each the policy's expected confidence over the same candidates
 (``expected_confidence`` meta, ``rlcr/expected_*`` metrics; decision 192).
 
@@ -198,13 +200,13 @@ class TwoTurnRLCRWorkflow:
             n=s.num_generations_confidence,
             max_new_tokens=s.confidence_max_new_tokens or sampling.max_new_tokens,
         )
-        turn2: list[RowBuffer] = []  # turn 2's rows, in buffers of one prompt layout each
+        # turn 2's rows, in buffers of one prompt layout each (packed apart, then stacked)
         if s.confidence_decoding == "enumerate" and s.analyses_per_answer > 0:
             analyses, candidates, metrics = analyses_then_candidates(
                 self, examples, pairs, backend, confidence_sampling
             )
             metrics = {**self._metrics(answers, analyses), **metrics}
-            turn2 = [analyses, candidates]
+            turn2: list[RowBuffer] = [analyses, candidates]
         elif s.confidence_decoding == "enumerate":
             confidences, metrics = self._enumerate_confidences(
                 examples, pairs, backend, confidence_sampling.temperature
