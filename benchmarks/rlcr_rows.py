@@ -50,7 +50,11 @@ def rows(folder: Path) -> list[dict]:
     records = [
         json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()
     ]
-    turn2 = [r for r in records if r.get("sample_type") == "confidence"]
+    # an enumerated evaluation also logs each answer's candidate rows (finish_reason "enumerated",
+    # confidence 0.0-1.0): they are scored, not stated, so only the decoded confidence is joined
+    turn2 = [
+        r for r in records if r.get("sample_type") == "confidence" and r.get("finish_reason") != "enumerated"
+    ]
     confidence = {r["prompt_id"]: r.get("confidence") for r in turn2}
     expected = {r["prompt_id"]: r.get("expected_confidence") for r in turn2}
     answers = [r for r in records if r.get("sample_type", "answer") == "answer"]

@@ -1,0 +1,52 @@
+"""benchmarks/rlcr_rows.py: asked rows and the join of answers with their stated confidence."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rlcr_rows  # noqa: E402
+
+
+def test_asked_row_is_the_position_of_the_asked_name():
+    assert rlcr_rows.asked_row("Ages: Dina 17, Fay 96. What is the age of Dina?") == 1
+    assert (
+        rlcr_rows.asked_row("Scores: Hawks 89, Foxes 42, Bears 78, Lions 87. What is the score of Lions?")
+        == 4
+    )
+    assert rlcr_rows.asked_row("What is 3 + 4?") is None
+
+
+def test_enumerated_candidate_rows_do_not_replace_the_stated_confidence(tmp_path: Path):
+    # one answer, its decoded confidence 0.5, then the eleven scored candidates 0.0-1.0 (as an
+    # evaluation with rlcr.analyses_per_answer writes them): the stated confidence stays 0.5
+    question = "Prices: peach 30, plum 29. What is the price of plum?"
+    base = {"prompt_id": "qa-0", "question": question, "kind": "pair_lookup"}
+    records = [
+        {**base, "sample_type": "answer", "reward": 1.0, "confidence": None, "finish_reason": "eos"},
+        {
+            **base,
+            "sample_type": "confidence",
+            "reward": 0.75,
+            "confidence": 0.5,
+            "finish_reason": "length",
+            "expected_confidence": 0.42,
+        },
+    ]
+    records += [
+        {
+            **base,
+            "sample_type": "confidence",
+            "reward": 1 - (1 - c / 10) ** 2,
+            "confidence": c / 10,
+            "finish_reason": "enumerated",
+            "expected_confidence": 0.42,
+        }
+        for c in range(11)
+    ]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (answer,) = rlcr_rows.rows(tmp_path)
+    assert answer["stated_confidence"] == 0.5
+    assert answer["expected_confidence"] == 0.42
