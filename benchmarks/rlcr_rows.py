@@ -21,6 +21,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from nemo_azr.rlcr.common import ENUMERATED_FINISH
+
 LOOKUPS = ("single_lookup", "pair_lookup", "table_lookup")
 # "Ages: Dina 17, Fay 96. What is the age of Dina?": the listed names, then the asked one
 _LIST = re.compile(r"^[^:]+:\s*(?P<items>[^.?]+)\.\s")
@@ -50,10 +52,12 @@ def rows(folder: Path) -> list[dict]:
     records = [
         json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()
     ]
-    # an enumerated evaluation also logs each answer's candidate rows (finish_reason "enumerated",
-    # confidence 0.0-1.0): they are scored, not stated, so only the decoded confidence is joined
+    # an enumerated evaluation also logs each answer's candidate rows (confidence 0.0-1.0): they
+    # are scored, not stated, so only the decoded confidence is joined
     turn2 = [
-        r for r in records if r.get("sample_type") == "confidence" and r.get("finish_reason") != "enumerated"
+        r
+        for r in records
+        if r.get("sample_type") == "confidence" and r.get("finish_reason") != ENUMERATED_FINISH
     ]
     confidence = {r["prompt_id"]: r.get("confidence") for r in turn2}
     expected = {r["prompt_id"]: r.get("expected_confidence") for r in turn2}

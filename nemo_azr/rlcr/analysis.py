@@ -37,6 +37,7 @@ from nemo_azr.contracts.generation import GenerationBackend, GenerationRequest, 
 from nemo_azr.contracts.task import Example
 from nemo_azr.rlcr.common import (
     CANDIDATE_OF,
+    ENUMERATED_FINISH,
     HAS_CONFIDENCE,
     RowBuffer,
     calibration_step_metrics,
@@ -133,7 +134,7 @@ def analyses_then_candidates(
         )
         for h, (text, cand, logps) in enumerate(zip(texts, workflow.candidate_ids, per_candidate)):
             candidate = Sample(
-                token_ids=list(cand), logprobs=list(logps), text=text, finish_reason="enumerated"
+                token_ids=list(cand), logprobs=list(logps), text=text, finish_reason=ENUMERATED_FINISH
             )
             meta = workflow.confidence_meta(
                 ex, f"{analysis_id}-c{h}", group, answer_id, backend.version, acc, values[h], expected

@@ -30,6 +30,9 @@ GREEDY_ANSWER = "greedy_answer"
 #: in (its answer; with rlcr.analyses_per_answer its analysis), whose candidates share one expected
 #: reward as baseline; None on every other row
 CANDIDATE_OF = "candidate_of"
+#: finish_reason of an enumerated candidate row: scored by the policy, not decoded (the samples
+#: written by an evaluation carry it, so a reader can tell a candidate from the stated confidence)
+ENUMERATED_FINISH = "enumerated"
 
 #: Bins of the per-step confidence histogram (``rlcr/conf_hist_bin_k`` scalars).
 CONF_HIST_BINS = 5

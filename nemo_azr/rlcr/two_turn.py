@@ -48,6 +48,7 @@ from nemo_azr.rlcr.common import (
     ANSWER_CORRECT,
     CANDIDATE_OF,
     CONFIDENCE,
+    ENUMERATED_FINISH,
     EXPECTED_CONFIDENCE,
     FORMAT_OK,
     GREEDY_ANSWER,
@@ -365,7 +366,7 @@ class TwoTurnRLCRWorkflow:
             for h, (text, cand, logps) in enumerate(zip(texts, ids, per_candidate)):
                 c = float(text)
                 sample = Sample(
-                    token_ids=list(cand), logprobs=list(logps), text=text, finish_reason="enumerated"
+                    token_ids=list(cand), logprobs=list(logps), text=text, finish_reason=ENUMERATED_FINISH
                 )
                 confidences.add(
                     context,
