@@ -27,6 +27,7 @@ from nemo_azr.envs.python_exec.programs import run_program
 from nemo_azr.envs.python_exec.seeds import SEED_PROGRAMS
 from nemo_azr.envs.python_exec.tasks import build_question, find_json_object
 from nemo_azr.registry import ENVIRONMENTS
+from nemo_azr.utils import thread_safe_ast
 
 # one-question JSON examples shown to the proposer (terse: the tiny model's context is 512 tokens)
 _FORMATS = {
@@ -52,7 +53,7 @@ class _BumpFirstInt(ast.NodeTransformer):
 
 def _wrong_program(program: str) -> str:
     bumper = _BumpFirstInt()
-    tree = bumper.visit(ast.parse(program))
+    tree = bumper.visit(thread_safe_ast.parse(program))
     return ast.unparse(tree) if bumper.done else _IDENTITY
 
 

@@ -7,9 +7,10 @@ a value counts only if ``repr`` round-trips (so ``inf``/``nan`` and objects are 
 
 from __future__ import annotations
 
-import ast
 import random
 from typing import Any
+
+from nemo_azr.utils.thread_safe_ast import literal_eval
 
 MAX_LITERAL_CHARS = 300  # inputs, outputs and answers stay short: the policy has 512 positions
 
@@ -39,7 +40,7 @@ def parse_literal(text: str, *, max_chars: int = MAX_LITERAL_CHARS) -> Any:
     if len(text) > max_chars:
         raise LiteralError(f"literal longer than {max_chars} characters")
     try:
-        value = ast.literal_eval(text)
+        value = literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as exc:
         raise LiteralError(f"not a Python literal: {text[:60]!r} ({type(exc).__name__})") from None
     canonical(value)  # round-trip check
@@ -50,7 +51,7 @@ def canonical(value: Any) -> str:
     """``repr(value)``, checked to read back as the same value."""
     text = repr(value)
     try:
-        back = ast.literal_eval(text)
+        back = literal_eval(text)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         raise LiteralError(f"{text[:60]} is not a Python literal") from None
     if not literal_equal(back, value):

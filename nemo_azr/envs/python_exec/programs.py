@@ -16,6 +16,7 @@ from typing import Any
 from nemo_azr.config.schema import SandboxLimitsConfig
 from nemo_azr.envs.python_exec.literals import LiteralError, canonical, parse_literal
 from nemo_azr.envs.python_exec.sandbox import run_python
+from nemo_azr.utils import thread_safe_ast
 
 MAX_PROGRAM_CHARS = 1000
 MARKER = "@@AZR@@"
@@ -52,7 +53,7 @@ def check_program(text: str) -> str:
     if len(text) > MAX_PROGRAM_CHARS:
         raise ProgramError(f"program longer than {MAX_PROGRAM_CHARS} characters")
     try:
-        tree = ast.parse(text)
+        tree = thread_safe_ast.parse(text)
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         raise ProgramError(f"program does not parse: {exc}") from None
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "f"]
