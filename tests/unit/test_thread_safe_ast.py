@@ -11,7 +11,11 @@ from nemo_azr.envs.python_exec.literals import parse_literal
 from nemo_azr.envs.python_exec.programs import check_program
 from nemo_azr.utils.thread_safe_ast import AST_LOCK
 
-PROGRAM = "def f(x):\n" + "".join(f"    y{i} = [x, {{'a': (x, {i})}}, [1, 2, 3]]\n" for i in range(12)) + "    return x\n"
+PROGRAM = (
+    "def f(x):\n"
+    + "".join(f"    y{i} = [x, {{'a': (x, {i})}}, [1, 2, 3]]\n" for i in range(12))
+    + "    return x\n"
+)
 LITERAL = repr([{"a": (i, [i, i + 1, "sss"])} for i in range(8)])
 
 
