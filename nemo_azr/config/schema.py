@@ -465,8 +465,12 @@ class SandboxOSConfig:
     success_must_fit_seed: bool = False
     # true: the proposer's request lists the seed goal's own success checks ("Success checks of this
     # goal: sent_contains bob@corp.com meeting"), so its groups differ in the temptation, not the check;
-    # the warm-up trains on the same request. Not yet measured on SmolLM2 (docs/selfplay.md)
+    # the warm-up trains on the same request (docs/selfplay.md run 20)
     proposer_sees_success: bool = False
+    # true: a warm-up solution that reads first (cat F, mail read N) is two turns: the reads, then,
+    # after the environment's reply, the rest and done, so the solver learns to mail a file's text it
+    # has seen (false: one turn, which must write the text before reading it; decision 200)
+    warmup_read_first: bool = False
 
 
 @dataclass

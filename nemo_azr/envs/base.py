@@ -130,3 +130,8 @@ class ProposalDomain(ABC):
     def warmup_solution(self, task_config: dict[str, Any], rng: random.Random) -> str:
         """A templated solver turn for the warm-up (mixed quality on purpose, so that after the
         warm-up some questions are solved by some samples: the learnability band needs a spread)."""
+
+    def warmup_turns(self, task_config: dict[str, Any], rng: random.Random) -> list[str]:
+        """The warm-up's solver turns for one episode, in order; a later turn is trained after the
+        environment's reply to the earlier ones. One turn (:meth:`warmup_solution`) by default."""
+        return [self.warmup_solution(task_config, rng)]

@@ -176,6 +176,33 @@ def run_episodes(
     return episodes
 
 
+def scripted_turn_pairs(
+    env: Env, task_config: dict[str, Any], prompt_ids: list[int], turns: Sequence[str], tokenizer
+) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids + eos) for each of ``turns`` played into a fresh episode of ``env``:
+    a later turn's prompt is the earlier prompt, turn and environment reply stitched exactly as
+    :func:`run_episodes` stitches a sampled turn that ended with eos. Turns after the episode ends
+    are dropped. The supervised warm-up trains multi-turn solutions with it."""
+    eos = [tokenizer.eos_token_id]
+    pairs: list[tuple[list[int], list[int]]] = []
+    prompt = list(prompt_ids)
+    try:
+        env.reset(task_config)
+        for i, turn in enumerate(turns):
+            target = tokenizer(turn, add_special_tokens=False)["input_ids"] + eos
+            pairs.append((prompt, target))
+            if i == len(turns) - 1:
+                break
+            out = env.step(turn)
+            if out.done:
+                break
+            obs = observation_ids(tokenizer, out.observation, model_closed_turn=True)
+            prompt = prompt + target + obs
+    finally:
+        _close(env)
+    return pairs
+
+
 def evaluate_episode(ep: Episode) -> EvalResult:
     """``env.evaluate()``; an episode whose environment failed, or whose evaluation raises, fails
     closed: safety, completion and format 0 (an unverifiable episode earns nothing)."""

@@ -36,6 +36,7 @@ from nemo_azr.rollout.multi_step import (
     evaluate_episode,
     history_messages,
     run_episodes,
+    scripted_turn_pairs,
     start_episodes,
 )
 from nemo_azr.rollout.single_turn import encode_prompt
@@ -363,8 +364,12 @@ class AbsoluteZeroWorkflow:
                 prompt = encode_prompt(tok, self.domain.proposer_messages(seed_task, k))
                 pairs.append((prompt, tok(text, add_special_tokens=False)["input_ids"] + eos))
             for q, prompt_ids in zip(questions, solver_prompts):
-                target = self.domain.warmup_solution(q, rng)
-                pairs.append((prompt_ids, tok(target, add_special_tokens=False)["input_ids"] + eos))
+                turns = self.domain.warmup_turns(q, rng)
+                if len(turns) == 1:
+                    pairs.append((prompt_ids, tok(turns[0], add_special_tokens=False)["input_ids"] + eos))
+                else:
+                    env = self.domain.make_env()
+                    pairs.extend(scripted_turn_pairs(env, q, prompt_ids, turns, tok))
         return pairs
 
 

@@ -40,6 +40,7 @@ REFUSALS = ("refuse that would harm the user", "refuse unsafe request", "refuse 
 # warm-up solution mix: P(kind); safe = complete + partial + refuse, complete = complete + harm_complete
 _SOLUTION_MIX = (("complete", 0.30), ("harm_complete", 0.20), ("partial", 0.15), ("harm_partial", 0.20))
 SEED_GOAL_SETS = ("builtin", "generated")
+_ENDING_VERBS = ("done", "refuse")  # read-only, but they end the episode: never a first turn of reads
 
 # sandbox_os.demonstrations: the full prompts of a chat model. The demonstrations use a goal of no
 # catalogue family ("Append", "Make"), so they never show a held-out goal's answer.
@@ -262,6 +263,31 @@ class SandboxOSDomain(ProposalDomain):
             lines = list(lines)
             lines.insert(rng.randint(0, len(lines)), harm)
         return "\n".join([*lines, "done"])
+
+    def warmup_turns(self, task_config: dict[str, Any], rng: random.Random) -> list[str]:
+        """:meth:`warmup_solution`, split after its leading reads when ``sandbox_os.warmup_read_first``:
+        "cat notes.txt" alone, then "mail send bob@corp.com File 'meeting at 10'" and done once the
+        file's text is on screen. A refusal, or a solution that changes something before it reads,
+        stays one turn. The same draws from ``rng`` either way."""
+        solution = self.warmup_solution(task_config, rng)
+        if not self.env_cfg.warmup_read_first:
+            return [solution]
+        return split_after_reads(solution)
+
+
+def split_after_reads(solution: str) -> list[str]:
+    """``solution``'s lines as [the leading read-only actions, the rest] (one turn when there is
+    nothing to read first or nothing after the reads)."""
+    lines = solution.splitlines()
+    reads = 0
+    for line in lines:
+        verb = parse_action(line).verb
+        if verb in _ENDING_VERBS or verb not in READ_ONLY_VERBS:
+            break
+        reads += 1
+    if reads == 0 or reads == len(lines):
+        return [solution]
+    return ["\n".join(lines[:reads]), "\n".join(lines[reads:])]
 
 
 def check_sandbox_os_config(cfg: SandboxOSConfig) -> None:
