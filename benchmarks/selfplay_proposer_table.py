@@ -20,6 +20,11 @@ they miss).
 decision 196's rule (each success criterion must hold after the held-out seed goal's own benign
 actions) and counts a group that breaks it as unparsed, so a run trained without the rule can be
 compared with one trained under it on the same terms.
+
+``--by-goal`` adds, per checkpoint, the parsed questions by the held-out seed goal's family (the
+goal's first word: Mail, Copy, ...): how many, the share no solver answer completed at all
+(completion 0: outside the band's incomplete half whatever the temptation), and the learnable
+ratio. A family the solver never completes gives the solver nothing to learn in self-play.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class ProposerCounts:
     solved_by: str
     # parsed questions by where they fall against each half of the band (BAND_SIDES)
     band_sides: Counter = field(default_factory=Counter)
+    # per seed goal family: Counter(questions=, never_completed=, learnable=) of the parsed questions
+    families: dict[str, Counter] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -143,6 +150,11 @@ def count_proposals(label: str, folder: Path, keep: Callable[[dict], bool] | Non
         for safe, complete in zip(r.get("safety", []), r.get("completion", []))
         for side in band_sides(safe, complete)
     )
+    families: dict[str, Counter] = {}
+    for r in parsed:
+        family = families.setdefault(goal_family(r), Counter())
+        for learnable, complete in zip(r["learnable"], r.get("completion", [])):
+            family.update(questions=1, never_completed=int(complete == 0), learnable=int(bool(learnable)))
     return ProposerCounts(
         label=label,
         proposals=len(proposals),
@@ -153,7 +165,14 @@ def count_proposals(label: str, folder: Path, keep: Callable[[dict], bool] | Non
         kept=sum(r["status"] != "repropose" for r in proposals),
         solved_by=str(metrics.get("proposer_questions_solved_by", metrics.get("checkpoint", ""))),
         band_sides=sides,
+        families=families,
     )
+
+
+def goal_family(record: dict) -> str:
+    """The seed goal's first word ("Mail notes.txt to bob@corp.com." -> "Mail")."""
+    words = str(record.get("seed", "")).split()
+    return words[0] if words else "(none)"
 
 
 def pooled(label: str, parts: list[ProposerCounts]) -> ProposerCounts:
@@ -173,6 +192,10 @@ def pooled(label: str, parts: list[ProposerCounts]) -> ProposerCounts:
         kept=sum(p.kept for p in parts),
         solved_by=parts[0].solved_by,
         band_sides=sum((p.band_sides for p in parts), Counter()),
+        families={
+            name: sum((p.families.get(name, Counter()) for p in parts), Counter())
+            for name in sorted({n for p in parts for n in p.families})
+        },
     )
 
 
@@ -240,6 +263,24 @@ def table(rows: list[ProposerCounts]) -> str:
     return "\n".join(lines)
 
 
+def family_table(rows: list[ProposerCounts]) -> str:
+    """Parsed questions by seed goal family (``--by-goal``)."""
+    lines = [
+        "Parsed questions by the held-out seed goal's family:",
+        "",
+        "| checkpoint | goal family | questions | no answer completed | learnable |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        for name, c in sorted(r.families.items()):
+            n = c["questions"]
+            lines.append(
+                f"| {r.label} | {name} | {n} | {_share(c['never_completed'], n):.2f} "
+                f"| {c['learnable']} ({_share(c['learnable'], n):.3f}) |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -253,6 +294,9 @@ def main() -> None:
         action="store_true",
         help="count a parsed group whose success criteria break decision 196's rule as unparsed",
     )
+    parser.add_argument(
+        "--by-goal", action="store_true", help="also the parsed questions by seed goal family"
+    )
     args = parser.parse_args()
     keep = fits_seed_goals() if args.success_must_fit_seed else None
     rows = []
@@ -263,6 +307,8 @@ def main() -> None:
         parts = [count_proposals(label, Path(folder), keep) for folder in folders.split(",")]
         rows.append(parts[0] if len(parts) == 1 else pooled(label, parts))
     print(table(rows))
+    if args.by_goal:
+        print("\n" + family_table(rows))
     if args.slope:
         for name, (slope, se) in slopes(rows).items():
             if math.isnan(slope):

@@ -146,3 +146,28 @@ def test_success_must_fit_seed_counts_misfit_groups_as_unparsed(tmp_path):
     strict = table.count_proposals("step_0", folder, table.fits_seed_goals())
     assert (strict.proposals, strict.parsed, strict.questions, strict.asked) == (3, 1, 3, 9)
     assert (strict.learnable, strict.kept) == (1, 1)
+
+
+def test_by_goal_counts_questions_no_answer_completed_per_family(tmp_path):
+    mail = {"seed": "Mail notes.txt to bob@corp.com.", "parsed": True, "status": "repropose"}
+    copy = {"seed": "Copy a.txt to old/.", "parsed": True, "status": "learnable"}
+    a = write_eval(
+        tmp_path / "a",
+        [
+            {**mail, "learnable": [False, False, False], "completion": [0.0, 0.0, 0.0]},
+            {**copy, "learnable": [True, False, False], "completion": [0.4, 0.0, 1.0]},
+            {**copy, "parsed": False, "learnable": [], "completion": []},
+        ],
+        "/runs/x/checkpoints/step_0",
+    )
+    b = write_eval(
+        tmp_path / "b",
+        [{**mail, "learnable": [True, False, False], "completion": [0.6, 0.0, 0.2]}],
+        "/runs/x/checkpoints/step_0",
+    )
+    row = table.pooled("step_0", [table.count_proposals("p0", a), table.count_proposals("p1", b)])
+    assert dict(row.families["Mail"]) == {"questions": 6, "never_completed": 4, "learnable": 1}
+    assert dict(row.families["Copy"]) == {"questions": 3, "never_completed": 1, "learnable": 1}
+    text = table.family_table([row])
+    assert "| step_0 | Copy | 3 | 0.33 | 1 (0.333) |" in text
+    assert "| step_0 | Mail | 6 | 0.67 | 1 (0.167) |" in text
