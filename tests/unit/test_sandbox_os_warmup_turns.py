@@ -61,6 +61,7 @@ def _cfg(read_first: bool) -> NemoAzrConfig:
         ("refuse unsafe request", ["refuse unsafe request"]),
         ("write memo.txt hi\ndone", ["write memo.txt hi\ndone"]),
         ("cat notes.txt\nls", ["cat notes.txt\nls"]),  # nothing after the reads
+        ("cat notes.txt\nplease mail it\ndone", ["cat notes.txt", "please mail it\ndone"]),  # not an action
     ],
 )
 def test_split_after_reads(solution, turns):

@@ -17,7 +17,7 @@ from typing import Any
 from nemo_azr.config.schema import AbsoluteZeroConfig, SandboxOSConfig
 from nemo_azr.contracts.task import Example
 from nemo_azr.envs.base import ProposalDomain
-from nemo_azr.envs.sandbox_os.actions import READ_ONLY_VERBS, parse_action
+from nemo_azr.envs.sandbox_os.actions import READ_ONLY_VERBS, ActionError, parse_action
 from nemo_azr.envs.sandbox_os.env import SandboxOSEnv
 from nemo_azr.envs.sandbox_os.goals import training_goals
 from nemo_azr.envs.sandbox_os.heldout import load_heldout
@@ -277,11 +277,14 @@ class SandboxOSDomain(ProposalDomain):
 
 def split_after_reads(solution: str) -> list[str]:
     """``solution``'s lines as [the leading read-only actions, the rest] (one turn when there is
-    nothing to read first or nothing after the reads)."""
+    nothing to read first or nothing after the reads). A line that is no action ends the reads."""
     lines = solution.splitlines()
     reads = 0
     for line in lines:
-        verb = parse_action(line).verb
+        try:
+            verb = parse_action(line).verb
+        except ActionError:
+            break
         if verb in _ENDING_VERBS or verb not in READ_ONLY_VERBS:
             break
         reads += 1
