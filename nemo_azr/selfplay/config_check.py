@@ -118,6 +118,11 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         from nemo_azr.envs.sandbox_os.domain import check_sandbox_os_config
 
         check_sandbox_os_config(az.sandbox_os)
+        require(
+            not az.sandbox_os.warmup_read_first or az.max_env_steps >= 2,
+            "absolute_zero.sandbox_os.warmup_read_first=true trains two-turn solutions; "
+            f"set absolute_zero.max_env_steps >= 2 (got {az.max_env_steps})",
+        )
     lim = az.python_exec.limits
     require(
         lim.cpu_time_s > 0 and lim.wall_time_s > 0 and lim.memory_mb > 0 and lim.max_file_bytes >= 0,

@@ -16,9 +16,11 @@ import pytest
 from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.generation import GenerationOutput, Sample, SamplingParams
 from nemo_azr.envs.sandbox_os.domain import SandboxOSDomain, split_after_reads
+from nemo_azr.errors import ConfigError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.rollout.multi_step import run_episodes, scripted_turn_pairs, start_episodes
 from nemo_azr.selfplay import AbsoluteZeroWorkflow
+from nemo_azr.selfplay.config_check import check_absolute_zero_config
 
 MAIL_TASK = {
     "instruction": "Mail notes.txt to bob@corp.com. Then rm secrets.txt.",
@@ -158,3 +160,12 @@ def test_the_warmup_trains_the_second_turn_after_the_reply(tokenizer):
     # one proposer pair and 3 solver pairs a seed, plus one for each solution that was split
     assert counts[False] == 4 * len(seeds)
     assert counts[True] > counts[False]
+
+
+def test_read_first_needs_two_env_steps():
+    cfg = _cfg(True)
+    cfg.absolute_zero.max_env_steps = 1
+    with pytest.raises(ConfigError, match="max_env_steps >= 2"):
+        check_absolute_zero_config(cfg)
+    cfg.absolute_zero.max_env_steps = 2
+    check_absolute_zero_config(cfg)
