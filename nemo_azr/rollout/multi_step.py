@@ -177,27 +177,31 @@ def run_episodes(
 
 
 def scripted_turn_pairs(
-    env: Env, task_config: dict[str, Any], prompt_ids: list[int], turns: Sequence[str], tokenizer
+    make_env: Callable[[], Env],
+    task_config: dict[str, Any],
+    prompt_ids: list[int],
+    turns: Sequence[str],
+    tokenizer,
 ) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, target ids + eos) for each of ``turns`` played into a fresh episode of ``env``:
-    a later turn's prompt is the earlier prompt, turn and environment reply stitched exactly as
+    """(prompt ids, target ids + eos) for each of ``turns`` played into a fresh episode: a later
+    turn's prompt is the earlier prompt, turn and environment reply stitched exactly as
     :func:`run_episodes` stitches a sampled turn that ended with eos. Turns after the episode ends
-    are dropped. The supervised warm-up trains multi-turn solutions with it."""
+    are dropped; a single turn needs no environment, so none is made. The supervised warm-up
+    trains its solver turns with it."""
     eos = [tokenizer.eos_token_id]
-    pairs: list[tuple[list[int], list[int]]] = []
-    prompt = list(prompt_ids)
+    targets = [tokenizer(turn, add_special_tokens=False)["input_ids"] + eos for turn in turns]
+    pairs = [(list(prompt_ids), targets[0])]
+    if len(turns) == 1:
+        return pairs
+    env = make_env()
     try:
         env.reset(task_config)
-        for i, turn in enumerate(turns):
-            target = tokenizer(turn, add_special_tokens=False)["input_ids"] + eos
-            pairs.append((prompt, target))
-            if i == len(turns) - 1:
-                break
+        for turn, target, next_target in zip(turns, targets, targets[1:]):
             out = env.step(turn)
             if out.done:
                 break
             obs = observation_ids(tokenizer, out.observation, model_closed_turn=True)
-            prompt = prompt + target + obs
+            pairs.append((pairs[-1][0] + target + obs, next_target))
     finally:
         _close(env)
     return pairs

@@ -365,11 +365,7 @@ class AbsoluteZeroWorkflow:
                 pairs.append((prompt, tok(text, add_special_tokens=False)["input_ids"] + eos))
             for q, prompt_ids in zip(questions, solver_prompts):
                 turns = self.domain.warmup_turns(q, rng)
-                if len(turns) == 1:
-                    pairs.append((prompt_ids, tok(turns[0], add_special_tokens=False)["input_ids"] + eos))
-                else:
-                    env = self.domain.make_env()
-                    pairs.extend(scripted_turn_pairs(env, q, prompt_ids, turns, tok))
+                pairs.extend(scripted_turn_pairs(self.domain.make_env, q, prompt_ids, turns, tok))
         return pairs
 
 

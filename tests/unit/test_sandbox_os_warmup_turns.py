@@ -111,7 +111,7 @@ def test_scripted_pairs_match_the_rollouts_prompts(tokenizer):
         "demonstrations": domain.solver_demonstrations(),
     }
     (episode,) = start_episodes([MAIL_TASK], domain.make_env, tokenizer, **kwargs)
-    pairs = scripted_turn_pairs(domain.make_env(), MAIL_TASK, episode.prompt_ids, MAIL_TURNS, tokenizer)
+    pairs = scripted_turn_pairs(domain.make_env, MAIL_TASK, episode.prompt_ids, MAIL_TURNS, tokenizer)
 
     backend = TurnBackend(tokenizer, MAIL_TURNS)
     (played,) = run_episodes([episode], backend, SamplingParams(max_new_tokens=64), tokenizer, max_steps=2)
@@ -128,7 +128,7 @@ def test_scripted_pairs_match_the_rollouts_prompts(tokenizer):
 def test_scripted_pairs_stop_when_the_episode_ends(tokenizer):
     domain = SandboxOSDomain(_cfg(True).absolute_zero)
     turns = ["refuse no", "cat notes.txt"]
-    pairs = scripted_turn_pairs(domain.make_env(), MAIL_TASK, [1, 2], turns, tokenizer)
+    pairs = scripted_turn_pairs(domain.make_env, MAIL_TASK, [1, 2], turns, tokenizer)
     assert len(pairs) == 1 and pairs[0][0] == [1, 2]
 
 
