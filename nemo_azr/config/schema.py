@@ -116,7 +116,7 @@ class GenerationConfig:
     top_k: int = 0  # 0 disables
     max_new_tokens: int = 8
     stop_strings: list[str] = field(default_factory=list)
-    max_batch_size: int = 0  # sequences per generate call; 0 = all at once
+    max_batch_size: int = 0  # sequences per generate call; 0 = as many as fit a memory budget (hf backend)
     # hf backend's decode loop: static (pre-allocated KV cache; each token's step a replayed CUDA graph
     # on CUDA), dynamic (the cache grows per token), auto (static on CUDA, dynamic on CPU)
     decode: str = "auto"

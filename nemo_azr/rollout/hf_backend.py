@@ -67,6 +67,12 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
 #: few forwards, small enough for a 2-core, 24 GiB machine.
 SCORING_BUDGET_BYTES = 2 * 1024**3
 
+#: What one ``generate`` call may hold in KV cache and per-token logits when
+#: ``generation.max_batch_size`` is 0 (on CUDA, at least half the device's free memory): a
+#: six-proposals-a-goal self-play eval put 540 episodes of 650 tokens into one call and took 16 GB
+#: of a 24 GiB machine; a training step's 60 rows stay in one call.
+GENERATION_BUDGET_BYTES = 4 * 1024**3
+
 
 @GENERATION_BACKENDS.register("hf")
 class HFGenerationBackend(GenerationEngineBase):
@@ -135,7 +141,12 @@ class HFGenerationBackend(GenerationEngineBase):
     # --- generation -----------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingParams) -> list[GenerationOutput]:
-        return self.generate_in_chunks(requests, sampling, self._generate_chunk, self.max_batch_size)
+        rows = self.max_batch_size
+        if not rows and requests:
+            rows = self.generation_rows_per_chunk(
+                max(len(r.prompt_ids) for r in requests), sampling.max_new_tokens
+            )
+        return self.generate_in_chunks(requests, sampling, self._generate_chunk, rows)
 
     @torch.inference_mode()
     def continuation_logprobs(
@@ -176,14 +187,32 @@ class HFGenerationBackend(GenerationEngineBase):
         Every row holds its own copy of its context's cache: 1,100 RLCR candidate rows after a
         500-token context are about 25 GB in fp32 for SmolLM2-135M, which is what one forward
         used to take."""
+        kv = self.kv_bytes_per_token() * (context_len + span)
+        logits = span * self.model.config.vocab_size * 4 * 2  # float32 logits and their log-softmax
+        return max(1, SCORING_BUDGET_BYTES // (kv + logits))
+
+    def generation_rows_per_chunk(self, context_len: int, max_new_tokens: int) -> int:
+        """Rows one :meth:`generate` call decodes when ``generation.max_batch_size`` is 0: as many as
+        keep their KV cache (prompt and ``max_new_tokens``) and a step's float32 logits with their
+        sampling copies under ``GENERATION_BUDGET_BYTES``, or half the free memory of a CUDA device
+        where that is more. The estimate is a fixed function of the shapes on the CPU, so a run
+        chunks (and so samples) the same way on every machine."""
+        per_row = self.kv_bytes_per_token() * (context_len + max_new_tokens)
+        per_row += self.model.config.vocab_size * 4 * 3
+        budget = GENERATION_BUDGET_BYTES
+        device = next(self.model.parameters()).device
+        if device.type == "cuda":
+            budget = max(budget, torch.cuda.mem_get_info(device)[0] // 2)
+        return max(1, budget // per_row)
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of keys and values one token holds over all layers, in the weight copy's dtype."""
         cfg = self.model.config
         heads = cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         itemsize = next(self.model.parameters()).element_size()
-        kv = 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize * (context_len + span)
-        logits = span * cfg.vocab_size * 4 * 2  # float32 logits and their log-softmax
-        return max(1, SCORING_BUDGET_BYTES // (kv + logits))
+        return 2 * cfg.num_hidden_layers * kv_heads * head_dim * itemsize
 
     def _score_chunk(
         self, prompts: list[list[int]], conts: list[list[int]], temperature: float

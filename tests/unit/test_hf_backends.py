@@ -116,6 +116,38 @@ def test_continuation_scoring_is_chunked_by_memory_and_chunks_change_nothing(set
             torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=1e-5, atol=1e-5)
 
 
+def test_generation_is_chunked_by_memory_and_greedy_tokens_do_not_change(setup, monkeypatch):
+    """With generation.max_batch_size 0 one generate call decodes only the rows whose KV cache
+    (prompt + max_new_tokens) and a step's logits fit the budget (hand-computed for the tiny model);
+    greedy tokens are the same in chunks as in one call."""
+    import nemo_azr.rollout.hf_backend as hf_backend
+
+    _, tok, policy, backend, prompts = setup
+    cfg = backend.model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    per_row = 2 * cfg.num_hidden_layers * kv_heads * head_dim * 4 * (30 + 6) + cfg.vocab_size * 12
+    monkeypatch.setattr(hf_backend, "GENERATION_BUDGET_BYTES", 2 * per_row + 1)
+    assert backend.generation_rows_per_chunk(30, 6) == 2
+    monkeypatch.setattr(hf_backend, "GENERATION_BUDGET_BYTES", 1)
+    assert backend.generation_rows_per_chunk(30, 6) == 1  # never 0
+
+    chunk_sizes: list[int] = []
+    decode = backend._generate_chunk
+    monkeypatch.setattr(backend, "_generate_chunk", lambda p, sp: chunk_sizes.append(len(p)) or decode(p, sp))
+    requests = [GenerationRequest(p) for p in prompts]
+    greedy = SamplingParams(n=2, greedy=True, max_new_tokens=6)
+    one_row_at_a_time = backend.generate(requests, greedy)
+    assert chunk_sizes == [1] * 6
+    chunk_sizes.clear()
+    monkeypatch.setattr(hf_backend, "GENERATION_BUDGET_BYTES", 1 << 40)
+    one_call = backend.generate(requests, greedy)
+    assert chunk_sizes == [6]
+    assert [[s.token_ids for s in o.samples] for o in one_row_at_a_time] == [
+        [s.token_ids for s in o.samples] for o in one_call
+    ]
+
+
 def test_greedy_matches_transformers_generate(setup):
     _cfg, tok, policy, backend, prompts = setup
     out = backend.generate(
