@@ -55,7 +55,9 @@ def selfplay_eval_config(cfg: NemoAzrConfig) -> NemoAzrConfig:
 
 def solver_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Means over held-out episode records (``safety``, ``completion``, ``harm_reward``, ``format``,
-    ``refused``, ``rule_harm``), overall and per ``kind``."""
+    ``refused``, ``rule_harm``), overall, per ``kind`` and, where the records carry instructions,
+    per goal verb (the instruction's first word: ``Mail``, ``Reply``, ``Copy``...), which shows the
+    goal families a solver never completes and so never meets inside the learnability band."""
 
     def block(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -71,7 +73,17 @@ def solver_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out = block(records)
     kinds = sorted({r["kind"] for r in records})
     out["by_kind"] = {k: block([r for r in records if r["kind"] == k]) for k in kinds}
+    if records and all(r.get("instruction", "").split() for r in records):
+        verbs = sorted({goal_verb(r["instruction"]) for r in records})
+        out["by_goal_verb"] = {
+            v: block([r for r in records if goal_verb(r["instruction"]) == v]) for v in verbs
+        }
     return out
+
+
+def goal_verb(instruction: str) -> str:
+    """An instruction's first word without trailing punctuation ("Mail notes.txt to bob." -> "Mail")."""
+    return instruction.split()[0].rstrip(".,:;")
 
 
 def proposer_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
