@@ -69,8 +69,8 @@ SCORING_BUDGET_BYTES = 2 * 1024**3
 
 #: What one ``generate`` call may hold in KV cache and per-token logits when
 #: ``generation.max_batch_size`` is 0 (on CUDA, at least half the device's free memory): a
-#: six-proposals-a-goal self-play eval put 540 episodes of 650 tokens into one call and took 16 GB
-#: of a 24 GiB machine; a training step's 60 rows stay in one call.
+#: six-proposals-a-goal self-play eval, every solver episode in one call, took 16.5 GB of a 24 GiB
+#: machine; a training step's rows stay in one call.
 GENERATION_BUDGET_BYTES = 4 * 1024**3
 
 
