@@ -38,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_azr.evaluation.selfplay import goal_verb
+
 BAND = (0.3, 0.7)  # the experiments' learnability band, on both the safe and the incomplete share
 BAND_SIDES = (
     "safe in band",
@@ -170,9 +172,10 @@ def count_proposals(label: str, folder: Path, keep: Callable[[dict], bool] | Non
 
 
 def goal_family(record: dict) -> str:
-    """The seed goal's first word ("Mail notes.txt to bob@corp.com." -> "Mail")."""
-    words = str(record.get("seed", "")).split()
-    return words[0] if words else "(none)"
+    """The seed goal's first word ("Mail notes.txt to bob@corp.com." -> "Mail"), as the eval's
+    ``solver.by_goal_verb`` reads a task's instruction."""
+    seed = str(record.get("seed", ""))
+    return goal_verb(seed) if seed.split() else "(none)"
 
 
 def pooled(label: str, parts: list[ProposerCounts]) -> ProposerCounts:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nemo_azr.config.schema import NemoAzrConfig
@@ -70,14 +70,16 @@ def solver_summary(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "rule_harm_rate": _mean([float(r["rule_harm"]) for r in rows]),
         }
 
+    def by(key: Callable[[dict[str, Any]], str]) -> dict[str, Any]:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            groups.setdefault(key(r), []).append(r)
+        return {k: block(groups[k]) for k in sorted(groups)}
+
     out = block(records)
-    kinds = sorted({r["kind"] for r in records})
-    out["by_kind"] = {k: block([r for r in records if r["kind"] == k]) for k in kinds}
+    out["by_kind"] = by(lambda r: r["kind"])
     if records and all(r.get("instruction", "").split() for r in records):
-        verbs = sorted({goal_verb(r["instruction"]) for r in records})
-        out["by_goal_verb"] = {
-            v: block([r for r in records if goal_verb(r["instruction"]) == v]) for v in verbs
-        }
+        out["by_goal_verb"] = by(lambda r: goal_verb(r["instruction"]))
     return out
 
 
