@@ -161,6 +161,7 @@ def measure(backend: str, model_dir: Path, batch, args) -> dict:
     real = float(batch[F.ATTENTION_MASK].sum())
     step, lp = statistics.median(step_s), statistics.median(logprob_s)
     out = {
+        "logprob_forwards": len(policy.micro_batches(batch, no_grad=True)),
         "step_s": step,
         "trained_tokens_per_s": trained / step,
         "tokens_per_s": real / step,
@@ -184,7 +185,8 @@ def main() -> None:
         "--logprob-micro-batch-size",
         type=int,
         default=0,
-        help="algorithm.logprob_micro_batch_size: rows per no-grad log-prob forward (0: the micro-batch)",
+        help="algorithm.logprob_micro_batch_size: rows per no-grad log-prob forward (0: the default, by the "
+        "memory budget on CUDA, the training micro-batches on a CPU)",
     )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
@@ -232,7 +234,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "megatron_tokens_per_s.json").write_text(json.dumps(record, indent=2) + "\n")
     rows = "\n".join(
-        f"| {name} | {r['step_s']:.3f} | {r['trained_tokens_per_s']:.0f} | {r['tokens_per_s']:.0f} | "
+        f"| {name} | {r['step_s']:.3f} | {r['trained_tokens_per_s']:.0f} | {r['tokens_per_s']:.0f} | {r['logprob_forwards']} | "
         f"{r['logprob_tokens_per_s']:.0f} | {r['peak_mem_gib'] if r['peak_mem_gib'] is None else round(r['peak_mem_gib'], 1)} |"
         for name, r in results.items()
     )
@@ -244,8 +246,8 @@ def main() -> None:
         f"micro-batch {args.micro_batch_size}"
         f"{f', log-prob micro-batch {args.logprob_micro_batch_size}' if args.logprob_micro_batch_size else ''}"
         f"; median of {args.steps} steps after {args.warmup} warm-up.\n\n"
-        "| backend | update step s | trained tok/s | processed tok/s | log-prob forward tok/s | peak GiB |\n"
-        "| --- | --- | --- | --- | --- | --- |\n"
+        "| backend | update step s | trained tok/s | processed tok/s | log-prob forwards | log-prob forward tok/s | peak GiB |\n"
+        "| --- | --- | --- | --- | --- | --- | --- |\n"
         f"{rows}\n\n"
         "megatron/hf: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratio.items()) + "\n"
     )

@@ -181,6 +181,7 @@ class AlgorithmConfig:
     max_tokens_per_microbatch: int = 0
     # > 0: rows per forward of the no-grad passes (old / reference log-probs, values), in place of
     # micro_batch_size and the token budget there: they keep no activations, so more rows fit.
+    # 0: on CUDA by a memory budget (models/training/no_grad_budget.py), on a CPU the training micro-batches.
     logprob_micro_batch_size: int = 0
     use_rollout_logprobs: bool = False  # take old log-probs from the generation engine
     # Reweight the policy-gradient loss by pi_old / pi_rollout (the generation engine's log-probs):

@@ -296,6 +296,35 @@ def test_logprob_micro_batch_size_sets_the_no_grad_forwards_only(tiny_model_path
     assert torch.count_nonzero(out[8][0]) == int((batch["loss_mask"][:, 1:] > 0).sum())
 
 
+def test_no_grad_pass_on_cuda_groups_rows_by_the_memory_budget(tiny_model_path, setup, monkeypatch):
+    """logprob_micro_batch_size=0 on a CUDA device: the no-grad micro-batches fill the token budget
+    of no_grad_budget (bytes per token from the config, hand-counted) instead of the training
+    micro-batches, never below one training micro-batch's tokens; on a CPU the training micro-batches.
+    The device is only named here (the grouping reads nothing else of it); free memory is stubbed."""
+    from nemo_azr.models.training import no_grad_budget
+
+    _cfg, tok, _policy, _backend, prompts = setup
+    batch = _rl_batch(tok, prompts, seed=5)
+    cfg = NemoAzrConfig()
+    cfg.algorithm.micro_batch_size = 2
+    pol = HFPolicy(tiny_model_path, cfg, trainable=True)
+    c = pol.model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_token = (4 * c.hidden_size + 2 * c.num_key_value_heads * head_dim + 3 * c.intermediate_size) * 4
+    assert no_grad_budget.activation_bytes_per_token(c, 4) == per_token
+    assert [len(m.batch) for m in pol.micro_batches(batch, no_grad=True)] == [2] * 6  # CPU: unchanged
+
+    pol.device = torch.device("cuda")
+    width = batch.seq_len
+    for free_bytes, want in ((4 * per_token * 5 * width, [5, 5, 2]), (4 * per_token * 1, [2] * 6)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, f=free_bytes: (f, 2 * f))
+        groups = pol.micro_batches(batch, no_grad=True)
+        # 5 widths fit (or less than one row: the training micro-batch's 2 rows are the floor)
+        assert sorted((len(m.batch) for m in groups), reverse=True) == want
+        assert sorted(int(i) for m in groups for i in m.rows) == list(range(len(batch)))
+    assert [len(m.batch) for m in pol.micro_batches(batch)] == [2] * 6  # training: unchanged
+
+
 def test_on_policy_update_without_old_logprobs_matches_explicit_pass(tiny_model_path, setup):
     """A single on-policy step may take old log-probs from its own forward: same gradients."""
     _cfg, tok, _policy, _backend, prompts = setup

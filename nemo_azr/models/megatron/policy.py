@@ -263,6 +263,10 @@ class MegatronPolicy(MegatronPreferenceMixin, PPOUpdateMixin):
         """HF model with the current weights for the generation backend (which copies it)."""
         return self._hf_copy()
 
+    def decoder_config(self):
+        """The HF config the megatron model was built from (sizes for the no-grad token budget)."""
+        return self.hf_config
+
     # --- log-probs -------------------------------------------------------------------------------
     def token_logprobs(
         self, batch: Batch, *, mask_key: str = F.LOSS_MASK, return_entropy: bool = False

@@ -19,6 +19,7 @@ from nemo_azr.contracts import Batch
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.training.microbatch import MicroBatch, gather_micro_outputs, micro_batches
+from nemo_azr.models.training.no_grad_budget import no_grad_token_budget
 
 #: Metrics that are already divided by the global normalisers, so micro-batch values add up.
 SUMMED_METRICS = (
@@ -97,12 +98,23 @@ class PPOUpdateMixin:
         """``batch`` in forward/backward pieces: ``micro_batch_rows()`` rows each, or by the token
         budget ``algorithm.max_tokens_per_microbatch`` (models/training/microbatch.py). ``no_grad``
         (old / reference log-probs, values): ``algorithm.logprob_micro_batch_size`` rows each when
-        it is set, since a pass that keeps no activations fits more rows and launches fewer kernels."""
+        it is set, since a pass that keeps no activations fits more rows and launches fewer kernels;
+        unset, on CUDA, by the memory budget of :mod:`.no_grad_budget` (never fewer tokens than a
+        training micro-batch), on a CPU the training micro-batches."""
         alg = self.cfg.algorithm
         rows, max_tokens = self.micro_batch_rows(), alg.max_tokens_per_microbatch
         if no_grad and alg.logprob_micro_batch_size > 0:
             rows, max_tokens = alg.logprob_micro_batch_size, 0
+        elif no_grad and self.device.type == "cuda":
+            training_tokens = max_tokens or rows * batch.seq_len
+            dtype_bytes = next(self.model.parameters()).element_size()
+            budget = no_grad_token_budget(self.decoder_config(), dtype_bytes, self.device)
+            max_tokens = max(budget, training_tokens)
         return micro_batches(batch, rows=rows, max_tokens=max_tokens, packed=self.cfg.model.sequence_packing)
+
+    def decoder_config(self):
+        """The transformers config of the trained decoder (sizes for the no-grad token budget)."""
+        return self.model.config
 
     @torch.no_grad()
     def no_grad_pass(
