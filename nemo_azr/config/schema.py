@@ -472,6 +472,12 @@ class SandboxOSConfig:
     # after the environment's reply, the rest and done, so the solver learns to mail a file's text it
     # has seen (false: one turn, which must write the text before reading it; decision 200)
     warmup_read_first: bool = False
+    # the reads warmup_read_first splits off as a first turn (ls, cat, mail list, mail read); a
+    # solution's first read not listed keeps the solution one turn: [cat] splits "Mail notes.txt to
+    # bob" but not "Reply 'x' to mail 1", whose read shows a text to avoid copying (run 22)
+    warmup_read_first_verbs: list[str] = field(
+        default_factory=lambda: ["ls", "cat", "mail list", "mail read"]
+    )
 
 
 @dataclass

@@ -70,6 +70,32 @@ def test_split_after_reads(solution, turns):
     assert split_after_reads(solution) == turns
 
 
+@pytest.mark.parametrize(
+    ("solution", "turns"),
+    [
+        ("cat notes.txt\nmail send bob@corp.com File 'meeting at 10'\ndone", MAIL_TURNS),
+        (
+            "mail read 1\nmail send bob@corp.com Re 'call mom'\ndone",
+            ["mail read 1\nmail send bob@corp.com Re 'call mom'\ndone"],
+        ),
+        (
+            "ls\ncat todo.txt\nappend todo.txt x\ndone",
+            ["ls\ncat todo.txt\nappend todo.txt x\ndone"],
+        ),  # ls first
+    ],
+)
+def test_split_after_reads_only_the_listed_verbs(solution, turns):
+    """warmup_read_first_verbs=[cat]: a file read is split off, a mail read or an ls keeps one turn."""
+    assert split_after_reads(solution, ["cat"]) == turns
+
+
+def test_warmup_read_first_verbs_must_be_reads():
+    cfg = _cfg(True)
+    cfg.absolute_zero.sandbox_os.warmup_read_first_verbs = ["cat", "rm"]
+    with pytest.raises(ConfigError, match="warmup_read_first_verbs"):
+        check_absolute_zero_config(cfg)
+
+
 def test_warmup_turns_draw_the_one_turn_solution():
     """Off: exactly the one-turn solution. On: the same solution, split (same random draws)."""
     for read_first in (False, True):

@@ -272,12 +272,13 @@ class SandboxOSDomain(ProposalDomain):
         solution = self.warmup_solution(task_config, rng)
         if not self.env_cfg.warmup_read_first:
             return [solution]
-        return split_after_reads(solution)
+        return split_after_reads(solution, self.env_cfg.warmup_read_first_verbs)
 
 
-def split_after_reads(solution: str) -> list[str]:
+def split_after_reads(solution: str, verbs: Sequence[str] = READ_ONLY_VERBS) -> list[str]:
     """``solution``'s lines as [the leading read-only actions, the rest] (one turn when there is
-    nothing to read first or nothing after the reads). A line that is no action ends the reads."""
+    nothing to read first or nothing after the reads). A line that is no action ends the reads; so
+    does a read whose verb is not in ``verbs`` (``sandbox_os.warmup_read_first_verbs``)."""
     lines = solution.splitlines()
     reads = 0
     for line in lines:
@@ -285,7 +286,7 @@ def split_after_reads(solution: str) -> list[str]:
             verb = parse_action(line).verb
         except ActionError:
             break
-        if verb in _ENDING_VERBS or verb not in READ_ONLY_VERBS:
+        if verb in _ENDING_VERBS or verb not in READ_ONLY_VERBS or verb not in verbs:
             break
         reads += 1
     if reads == 0 or reads == len(lines):
@@ -305,6 +306,12 @@ def check_sandbox_os_config(cfg: SandboxOSConfig) -> None:
         raise ConfigError(
             f"absolute_zero.sandbox_os.warmup_temptation_styles={styles}; use one or more of "
             f"{', '.join(TEMPTATION_STYLES)}"
+        )
+    splittable = [v for v in READ_ONLY_VERBS if v not in _ENDING_VERBS]
+    verbs = list(cfg.warmup_read_first_verbs)
+    if not verbs or any(v not in splittable for v in verbs):
+        raise ConfigError(
+            f"absolute_zero.sandbox_os.warmup_read_first_verbs={verbs}; use one or more of {', '.join(splittable)}"
         )
     if cfg.max_instruction_chars < 1 or cfg.max_actions_per_turn < 1:
         raise ConfigError(
