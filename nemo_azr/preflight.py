@@ -133,9 +133,9 @@ def validate_config(cfg: NemoAzrConfig) -> None:
     )
     one_of("generation.decode", cfg.generation.decode, ("auto", "dynamic", "static"))
     require(
-        cfg.generation.decode == "auto" or cfg.generation.backend == "hf",
-        f"generation.decode={cfg.generation.decode} is the hf backend's decode loop; generation.backend="
-        f"{cfg.generation.backend} decodes its own way (leave generation.decode=auto)",
+        cfg.generation.decode == "auto" or cfg.generation.backend in ("hf", "megatron"),
+        f"generation.decode={cfg.generation.decode} is the hf and megatron backends' decode loop; "
+        f"generation.backend={cfg.generation.backend} decodes its own way (leave generation.decode=auto)",
     )
     one_of("generation.decode_attention", cfg.generation.decode_attention, ("auto", "model", "grouped"))
     require(

@@ -9,7 +9,8 @@
 # are too large to carry) it first runs benchmarks/throughput.py on that architecture with random
 # weights (benchmarks/random_weights.py). Each step's time limit: GPU_*_TIMEOUT (seconds).
 # GPU_CHECK_PARTS picks the steps (comma-separated; default all): decode (rollout tokens/s, dynamic vs
-# static cache + CUDA graphs, benchmarks/decode.py), kernels (log-prob kernels vs torch and Liger,
+# static cache + CUDA graphs, benchmarks/decode.py), megatron_decode (the megatron generation backend:
+# megatron-core's loop vs its static path, benchmarks/megatron_decode.py), kernels (log-prob kernels vs torch and Liger,
 # benchmarks/kernels_gpu.py, their device time and the stats kernel's variants; carry liger-kernel's
 # wheel in .gpu_wheels), update (the update on a
 # long-tailed batch), e2e (sync vs async end to end; GPU_E2E_CASES overrides its case list,
@@ -27,7 +28,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 status=0
-PARTS=",${GPU_CHECK_PARTS:-decode,kernels,update,e2e,shared_prefix,tests,trtllm,megatron},"
+PARTS=",${GPU_CHECK_PARTS:-decode,megatron_decode,kernels,update,e2e,shared_prefix,tests,trtllm,megatron},"
 part() { [[ "$PARTS" == *",$1,"* ]]; }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
@@ -58,6 +59,10 @@ if [ -d .gpu_model ]; then
   part decode && { timeout "${GPU_DECODE_TIMEOUT:-240}" python3 benchmarks/decode.py --model "$model" \
     --device cuda --prompts 64 --n 8 --new-tokens 128 ${GPU_DECODE_ARGS:-} > "$OUT/decode.log" 2>&1 || status=1; \
     cp benchmarks/results/decode_gpu.* "$OUT/" 2>/dev/null; tail -n 40 "$OUT/decode.log"; }
+  # The megatron generation backend: megatron-core's loop vs its static path: results/megatron_decode_gpu.md
+  part megatron_decode && { timeout "${GPU_DECODE_TIMEOUT:-240}" python3 benchmarks/megatron_decode.py \
+    --model "$model" --prompts 64 --n 8 --new-tokens 128 --out "$OUT" > "$OUT/megatron_decode.log" 2>&1 || status=1; \
+    tail -n 12 "$OUT/megatron_decode.log"; }
   part update && { timeout "${GPU_THROUGHPUT_TIMEOUT:-300}" python3 benchmarks/throughput.py --parts update \
     --device cuda --model "$model" --rows 64 --max-response 1024 --budget 16384 --reps 3 \
     --update-overrides model.autocast_dtype=bfloat16 model.kernel_backend=torch --results-name throughput_gpu \

@@ -344,44 +344,55 @@ class HFGenerationBackend(GenerationEngineBase):
         return tokens, logps
 
     def _stop_rows(self, sp: SamplingParams):
-        """``(tokens, done) -> rows whose text so far holds a stop string``; None without stop strings."""
-        if not sp.stop_strings:
-            return None
-
-        def stop_rows(tokens: torch.Tensor, done: torch.Tensor) -> list[int]:
-            rows = (~done).nonzero(as_tuple=True)[0].tolist()
-            texts = self.tokenizer.batch_decode(tokens[rows].tolist(), skip_special_tokens=True)
-            return [i for i, text in zip(rows, texts) if any(s in text for s in sp.stop_strings)]
-
-        return stop_rows
+        return stop_rows_checker(self.tokenizer, sp)
 
     def _finish_rows(
         self, tokens: list[list[int]], logps: list[list[float]], sp: SamplingParams
     ) -> list[Sample]:
-        """Cut each row at its end: the first eos, else the first token whose text completes a stop
-        string, else ``max_new_tokens``; the same rule whichever loop produced the tokens."""
-        samples = []
-        for row, row_logps in zip(tokens, logps):
-            n, reason = len(row), "length"
-            if self.eos_id in row:
-                n, reason = row.index(self.eos_id) + 1, "eos"
-            if sp.stop_strings:
-                stop_at = self._first_stop(row[:n], sp.stop_strings)
-                if stop_at is not None and (reason != "eos" or stop_at < n):
-                    n, reason = stop_at, "stop"
-            ids_i = row[:n]
-            text = self.tokenizer.decode(ids_i, skip_special_tokens=True)
-            samples.append(Sample(token_ids=ids_i, logprobs=row_logps[:n], text=text, finish_reason=reason))
-        return samples
+        return finish_rows(self.tokenizer, self.eos_id, tokens, logps, sp)
 
-    def _first_stop(self, row: list[int], stop_strings) -> int | None:
-        """Length of the shortest prefix of ``row`` whose text holds a stop string (None: none does)."""
-        if not any(s in self.tokenizer.decode(row, skip_special_tokens=True) for s in stop_strings):
-            return None
-        for t in range(1, len(row) + 1):
-            if any(s in self.tokenizer.decode(row[:t], skip_special_tokens=True) for s in stop_strings):
-                return t
+
+def stop_rows_checker(tokenizer, sp: SamplingParams):
+    """``(tokens, done) -> rows whose text so far holds a stop string``; None without stop strings."""
+    if not sp.stop_strings:
         return None
+
+    def stop_rows(tokens: torch.Tensor, done: torch.Tensor) -> list[int]:
+        rows = (~done).nonzero(as_tuple=True)[0].tolist()
+        texts = tokenizer.batch_decode(tokens[rows].tolist(), skip_special_tokens=True)
+        return [i for i, text in zip(rows, texts) if any(s in text for s in sp.stop_strings)]
+
+    return stop_rows
+
+
+def finish_rows(
+    tokenizer, eos_id: int, tokens: list[list[int]], logps: list[list[float]], sp: SamplingParams
+) -> list[Sample]:
+    """Cut each row at its end: the first eos, else the first token whose text completes a stop
+    string, else ``max_new_tokens``; the same rule whichever loop (or backend) produced the tokens."""
+    samples = []
+    for row, row_logps in zip(tokens, logps):
+        n, reason = len(row), "length"
+        if eos_id in row:
+            n, reason = row.index(eos_id) + 1, "eos"
+        if sp.stop_strings:
+            stop_at = _first_stop(tokenizer, row[:n], sp.stop_strings)
+            if stop_at is not None and (reason != "eos" or stop_at < n):
+                n, reason = stop_at, "stop"
+        ids_i = row[:n]
+        text = tokenizer.decode(ids_i, skip_special_tokens=True)
+        samples.append(Sample(token_ids=ids_i, logprobs=row_logps[:n], text=text, finish_reason=reason))
+    return samples
+
+
+def _first_stop(tokenizer, row: list[int], stop_strings) -> int | None:
+    """Length of the shortest prefix of ``row`` whose text holds a stop string (None: none does)."""
+    if not any(s in tokenizer.decode(row, skip_special_tokens=True) for s in stop_strings):
+        return None
+    for t in range(1, len(row) + 1):
+        if any(s in tokenizer.decode(row[:t], skip_special_tokens=True) for s in stop_strings):
+            return t
+    return None
 
 
 def backend_kwargs(gen_cfg, device: torch.device | str = "cpu") -> dict:
@@ -390,8 +401,9 @@ def backend_kwargs(gen_cfg, device: torch.device | str = "cpu") -> dict:
     if gen_cfg.backend == "trtllm":  # the engine's keys live under generation.trtllm
         return {"cfg": gen_cfg}
     kwargs: dict = {"max_batch_size": gen_cfg.max_batch_size}
-    if gen_cfg.backend == "hf":  # its decode loop (megatron decodes with megatron's own)
+    if gen_cfg.backend in ("hf", "megatron"):  # their decode loops: static or dynamic
         kwargs["decode"] = gen_cfg.decode
+    if gen_cfg.backend == "hf":
         kwargs["grouped_attention"] = {"auto": None, "model": False, "grouped": True}[
             gen_cfg.decode_attention
         ]
@@ -413,4 +425,10 @@ def sampling_from_config(gen_cfg, *, n: int | None = None, greedy: bool = False)
     )
 
 
-__all__ = ["HFGenerationBackend", "backend_kwargs", "sampling_from_config"]
+__all__ = [
+    "HFGenerationBackend",
+    "backend_kwargs",
+    "finish_rows",
+    "sampling_from_config",
+    "stop_rows_checker",
+]

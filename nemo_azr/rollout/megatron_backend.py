@@ -24,7 +24,8 @@ from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, S
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.engine import GenerationEngineBase
-from nemo_azr.rollout.hf_backend import _sample
+from nemo_azr.rollout.hf_backend import _sample, finish_rows, stop_rows_checker
+from nemo_azr.rollout.static_decode import DECODE_MODES
 
 __all__ = ["MegatronGenerationBackend"]
 
@@ -36,10 +37,14 @@ class MegatronGenerationBackend(GenerationEngineBase):
     #: The trainer passes the policy (not an HF model copy) to the constructor.
     reads_policy_in_place = True
 
-    def __init__(self, policy, tokenizer, *, max_batch_size: int = 0) -> None:
+    def __init__(
+        self, policy, tokenizer, *, max_batch_size: int = 0, decode: str = "auto", cuda_graphs: bool = True
+    ) -> None:
         from megatron.core import parallel_state as ps
 
+        from nemo_azr.models.megatron.logprobs import unwrap_gpt_model
         from nemo_azr.models.megatron.policy import MegatronPolicy
+        from nemo_azr.rollout.megatron_static_decode import megatron_static_decode_unsupported
 
         super().__init__()
         if not isinstance(policy, MegatronPolicy):
@@ -54,6 +59,20 @@ class MegatronGenerationBackend(GenerationEngineBase):
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id
         self.max_batch_size = max_batch_size
+        # generation.decode: static (this module's own cache and step, a CUDA graph on CUDA), dynamic
+        # (megatron's static inference loop), auto (static on CUDA where the model allows it)
+        if decode not in DECODE_MODES:
+            raise ConfigError(f"generation.decode={decode!r}: expected one of {', '.join(DECODE_MODES)}")
+        why_not = (
+            megatron_static_decode_unsupported(unwrap_gpt_model(self.model)) if decode != "dynamic" else None
+        )
+        if decode == "static" and why_not:
+            raise ConfigError(
+                f"generation.decode=static cannot decode this model: {why_not}; use decode=dynamic"
+            )
+        self.decode = "dynamic" if why_not else decode
+        self.cuda_graphs = cuda_graphs
+        self._static = None  # a MegatronStaticDecoder once the static path first runs
 
     # --- capabilities ---------------------------------------------------------------------------
     def sync_weights(self, policy) -> None:
@@ -61,7 +80,9 @@ class MegatronGenerationBackend(GenerationEngineBase):
         self.version += 1
 
     def release(self) -> None:
-        """The KV cache lives only inside one ``generate`` call."""
+        """Free the static path's caches and captured graphs (megatron's own cache lives in one call)."""
+        if self._static is not None:
+            self._static.release()
 
     def flush_cache(self) -> None:
         """The KV cache lives only inside one ``generate`` call."""
@@ -113,8 +134,36 @@ class MegatronGenerationBackend(GenerationEngineBase):
         )
         return last
 
+    def _uses_static_decode(self, device: torch.device) -> bool:
+        """``decode=static`` always; ``auto`` on CUDA (where the per-token host work bounds megatron's loop)."""
+        if self.decode == "dynamic" or (self.decode == "auto" and device.type != "cuda"):
+            return False
+        if self._static is None:
+            from nemo_azr.models.megatron.logprobs import output_weight_shard, unwrap_gpt_model
+            from nemo_azr.rollout.megatron_static_decode import MegatronStaticDecoder
+
+            model = unwrap_gpt_model(self.model)
+            self._static = MegatronStaticDecoder(
+                model, lambda: output_weight_shard(model)[0], _sample, cuda_graphs=self.cuda_graphs
+            )
+        return True
+
     def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
+        if self._uses_static_decode(device):
+            self.model.eval()  # generate() restores the training mode
+            logits, past, attn, next_pos = self._static.encode(prompts, self.pad_id)
+            tokens, logps, _ = self._static.decode(
+                logits,
+                past,
+                attn,
+                next_pos,
+                sp,
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                stop_rows=stop_rows_checker(self.tokenizer, sp),
+            )
+            return finish_rows(self.tokenizer, self.eos_id, tokens.tolist(), logps.tolist(), sp)
         b = len(prompts)
         lens = torch.tensor([len(p) for p in prompts], device=device)
         length = int(lens.max()) + sp.max_new_tokens

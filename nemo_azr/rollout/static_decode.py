@@ -202,9 +202,13 @@ class StaticDecoder:
         if st is None:
             while len(self._states) >= MAX_GRAPHS:
                 self._states.popitem(last=False)  # oldest shape: its cache and graph are freed
-            st = _DecodeState(self.model, key, device)
+            st = self._new_state(key, device)
         self._states[key] = st  # most recently used last
         return st
+
+    def _new_state(self, key: _ShapeKey, device: torch.device) -> _DecodeState:
+        """The buffers of a new captured shape (a subclass with another cache overrides this)."""
+        return _DecodeState(self.model, key, device)
 
     def release(self) -> None:
         """Drop every cache and captured graph (weights stay)."""

@@ -37,7 +37,9 @@ LOGPROB_ATOL = 5e-2 if REAL_TRTLLM else 1e-4
 TEMPERATURE = 0.7
 QUESTIONS = ("What is 1 + 2?", "Hi", "What is 7 + 8?")
 #: trtllm_tp2: an engine of two TP ranks, each holding its shard of every weight (the fake all-gathers)
-BACKENDS = ["hf", "trtllm", "trtllm_tp2", "megatron", "trtllm_megatron"]
+BACKENDS = ["hf", "trtllm", "trtllm_tp2", "megatron", "megatron_static", "trtllm_megatron"]
+#: the megatron backends: megatron_static is generation.decode=static (rollout/megatron_static_decode.py)
+MEGATRON = ("megatron", "megatron_static", "trtllm_megatron")
 
 
 def _megatron_available() -> bool:
@@ -73,7 +75,7 @@ def _config(name: str) -> NemoAzrConfig:
         cfg.generation.trtllm.tensor_parallel_size = 2
     cfg.optim.lr = 0.05
     cfg.algorithm.micro_batch_size = 8
-    if name.endswith("megatron"):
+    if name in MEGATRON:
         cfg.model.backend = "megatron"
         cfg.parallel.use_te = "false"
     return cfg
@@ -82,7 +84,7 @@ def _config(name: str) -> NemoAzrConfig:
 @pytest.fixture(scope="module", params=BACKENDS)
 def harness(request, tiny_model_path):
     name = request.param
-    if name.endswith("megatron") and not _megatron_available():
+    if name in MEGATRON and not _megatron_available():
         pytest.skip("megatron-core is not installed")
     if REAL_TRTLLM and not name.startswith("trtllm"):
         pytest.skip("NEMO_AZR_TRTLLM=real runs the trtllm backends only")
@@ -95,7 +97,7 @@ def harness(request, tiny_model_path):
             from tests.fakes import fake_tensorrt_llm
 
             fake_tensorrt_llm.install(mp)
-        if name.endswith("megatron"):
+        if name in MEGATRON:
             from nemo_azr.distributed.parallel import destroy_parallel
             from nemo_azr.models.megatron.policy import MegatronPolicy
 
@@ -108,10 +110,11 @@ def harness(request, tiny_model_path):
             from nemo_azr.rollout.hf_backend import HFGenerationBackend
 
             backend = HFGenerationBackend(policy.model, tok)
-        elif name == "megatron":
+        elif name in ("megatron", "megatron_static"):
             from nemo_azr.rollout.megatron_backend import MegatronGenerationBackend
 
-            backend = MegatronGenerationBackend(policy, tok)
+            decode = "static" if name == "megatron_static" else "auto"
+            backend = MegatronGenerationBackend(policy, tok, decode=decode)
         else:
             from nemo_azr.rollout.trtllm_backend import TRTLLMGenerationBackend
 
@@ -266,7 +269,7 @@ def test_sync_weights_after_optimizer_steps_decodes_the_new_weights(harness, tin
     want = reference_greedy(after_weights, tiny_model_path, h.prompts, 6, eos)
     old = reference_greedy(before_weights, tiny_model_path, h.prompts, 6, eos)
     assert want != old, "the optimizer steps did not change the greedy output (the test would prove nothing)"
-    if h.name != "megatron":  # a copy-holding backend decodes the old weights until the sync
+    if h.name not in ("megatron", "megatron_static"):  # a copy-holding backend decodes the old weights until the sync
         assert [s.token_ids for s in _greedy(h)] == before
     if hasattr(h.backend, "release"):
         h.backend.release()  # the trainer's update phase (trtllm: the engine sleeps)
@@ -285,7 +288,7 @@ def test_copy_holding_backends_start_from_the_given_weights(harness):
     """hf/trtllm hold their own copy: one made from other weights decodes differently until the sync
     (a guard against a backend that reads the policy behind the trainer's back)."""
     h = harness
-    if h.name.endswith("megatron") or REAL_TRTLLM:
+    if h.name in MEGATRON or REAL_TRTLLM:
         pytest.skip("megatron decodes in place; a second real engine is not started")
     model = copy.deepcopy(h.policy.model)
     with torch.no_grad():

@@ -138,14 +138,15 @@ def test_grouped_query_decode_attention_equals_repeated_heads_sdpa(q, bool_mask)
     torch.testing.assert_close(got, want.transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
-def test_decode_is_refused_for_a_backend_that_decodes_its_own_way():
+def test_decode_reaches_hf_and_megatron_and_is_refused_for_a_backend_that_decodes_its_own_way():
     from nemo_azr.preflight import load_config
     from nemo_azr.rollout.hf_backend import backend_kwargs
 
-    with pytest.raises(ConfigError, match="generation.decode=static is the hf backend's decode loop"):
-        load_config(["model=megatron", "generation.backend=megatron", "generation.decode=static"])
-    megatron = load_config(["model=megatron", "generation.backend=megatron"]).generation
-    assert "decode" not in backend_kwargs(megatron)  # megatron's backend takes no such argument
+    with pytest.raises(ConfigError, match="generation.decode=static is the hf and megatron backends'"):
+        load_config(["generation.backend=trtllm", "generation.decode=static"])
+    megatron = load_config(["model=megatron", "generation.backend=megatron", "generation.decode=static"])
+    assert backend_kwargs(megatron.generation)["decode"] == "static"
+    assert "grouped_attention" not in backend_kwargs(megatron.generation)  # the hf step's key only
     assert backend_kwargs(load_config(["generation.decode=dynamic"]).generation)["decode"] == "dynamic"
 
 

@@ -44,6 +44,8 @@ __all__ = [
     "compact_rows",
     "megatron_token_logprobs",
     "megatron_token_values",
+    "output_weight_shard",
+    "unwrap_gpt_model",
     "value_head_outputs",
     "pad_columns",
     "pad_rows",
@@ -113,7 +115,7 @@ def compact_rows(
     return CompactBatch(input_ids=ids, order=order, targets=targets, width=input_ids.shape[1])
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap_gpt_model(model: torch.nn.Module) -> torch.nn.Module:
     """The ``GPTModel`` inside DDP / Float16Module wrappers. It is called directly: Float16Module would
     upcast the last stage's hidden states to fp32 while the output weight stays bf16/fp16 (DDP's
     gradient hooks sit on the parameters, so they still fire)."""
@@ -137,7 +139,7 @@ def _hidden_states_output(model: torch.nn.Module) -> Iterator[None]:
         model.post_process = saved
 
 
-def _output_weight(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
+def output_weight_shard(model: torch.nn.Module) -> tuple[torch.Tensor, int]:
     """This TP rank's output-weight rows of the real vocabulary, and the global id of the first."""
     from megatron.core import parallel_state as ps
 
@@ -172,7 +174,7 @@ def _hidden_to_logprobs(
         hidden = tensor_parallel.gather_from_sequence_parallel_region(hidden)
         reduce_hidden_grad = False
     hidden = hidden[: batch.input_ids.shape[1]].transpose(0, 1)
-    weight, start = _output_weight(model)
+    weight, start = output_weight_shard(model)
     group = ps.get_tensor_model_parallel_group() if ps.get_tensor_model_parallel_world_size() > 1 else None
     out = linear_token_logprobs(
         hidden[:, :-1][batch.targets],
@@ -341,7 +343,7 @@ def run_pipeline(
 
     def forward_step(data_iterator, chunk):
         micro = next(data_iterator)
-        stage = _unwrap(chunk)
+        stage = unwrap_gpt_model(chunk)
         with _hidden_states_output(stage):
             hidden = stage(micro.input_ids, micro.position_ids(), None)
 
@@ -392,7 +394,11 @@ def _forward_pipelined(
     ``head``) of the target positions on every stage."""
     from megatron.core import parallel_state as ps
 
-    multiple = ps.get_tensor_model_parallel_world_size() if _unwrap(chunks[0]).config.sequence_parallel else 1
+    multiple = (
+        ps.get_tensor_model_parallel_world_size()
+        if unwrap_gpt_model(chunks[0]).config.sequence_parallel
+        else 1
+    )
     micros = pipeline_micro_batches(batch, groups, trim=trim, multiple=multiple)
 
     def keep_logprobs(_index: int, micro: CompactBatch, values: torch.Tensor):
@@ -435,7 +441,7 @@ def _compact_input(
     from megatron.core import parallel_state as ps
 
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
-    first = _unwrap(chunks[0])
+    first = unwrap_gpt_model(chunks[0])
     device = next(first.parameters()).device
     batch = compact_rows(
         input_ids.to(device),
