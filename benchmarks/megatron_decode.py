@@ -64,7 +64,9 @@ def _logprob_gap(policy, requests, samples, n: int, pad_id: int) -> float:
     """Max |rollout log-prob - the trainer's teacher-forced log-prob| over the first 32 sampled rows."""
     rows = [requests[i // n].prompt_ids for i in range(min(32, len(samples)))]
     kept = samples[: len(rows)]
-    batch = Batch(pack_prompt_response(rows, [s.token_ids for s in kept], [s.logprobs for s in kept], pad_id=pad_id))
+    batch = Batch(
+        pack_prompt_response(rows, [s.token_ids for s in kept], [s.logprobs for s in kept], pad_id=pad_id)
+    )
     trainer = policy.compute_logprobs(batch).cpu().float()
     return float((batch[F.ROLLOUT_LOGPROBS] - trainer).abs().max())
 
@@ -105,6 +107,7 @@ def main() -> None:
                 if fp32_check:  # greedy equality without low-precision rounding
                     small = SamplingParams(n=1, greedy=True, max_new_tokens=args.new_tokens)
                     fp32[case] = _timed(backend, requests[: args.fp32_prompts], small, device)[1]
+                    write_results(args, rows, greedy_out, fp32, device)
                     continue
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -118,20 +121,36 @@ def main() -> None:
                 rows[case] = {
                     "tokens_per_s": round(tokens / statistics.median(times)),
                     "seconds": round(statistics.median(times), 3),
-                    "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None,
+                    "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                    if device.type == "cuda"
+                    else None,
                     "logprob_gap": _logprob_gap(policy, requests, samples, args.n, tok.pad_token_id),
                 }
-                greedy_out[case] = _timed(backend, requests, greedy, device)[1]
                 print(case, rows[case], flush=True)
+                write_results(args, rows, greedy_out, fp32, device)
+                greedy_out[case] = _timed(backend, requests, greedy, device)[1]
+                write_results(args, rows, greedy_out, fp32, device)
             except Exception as exc:  # noqa: BLE001 - a failing case keeps the others
-                print(f"{'float32 ' if fp32_check else ''}{case} failed: {type(exc).__name__}: {exc}", flush=True)
+                print(
+                    f"{'float32 ' if fp32_check else ''}{case} failed: {type(exc).__name__}: {exc}",
+                    flush=True,
+                )
         del policy
         destroy_parallel()
 
+    write_results(args, rows, greedy_out, fp32, device)
+
+
+def write_results(args, rows: dict, greedy_out: dict, fp32: dict, device: torch.device) -> None:
+    """results/<name>.{json,md} from the cases measured so far (called after each one, so a run
+    stopped by a time limit keeps what it measured)."""
+    if "dynamic" not in rows:
+        return
     base = rows["dynamic"]["tokens_per_s"]
     for case, row in rows.items():
         row["speedup"] = round(row["tokens_per_s"] / base, 2)
-        row["greedy_vs_dynamic"] = _agreement(greedy_out["dynamic"], greedy_out[case])
+        if case in greedy_out:
+            row["greedy_vs_dynamic"] = _agreement(greedy_out["dynamic"], greedy_out[case])
         if case in fp32 and "dynamic" in fp32:
             row["greedy_vs_dynamic_fp32"] = _agreement(fp32["dynamic"], fp32[case])
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
@@ -144,11 +163,14 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.results_name}.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    def agreement(r: dict, key: str) -> str:
+        a = r.get(key)
+        return f"{a['rows_identical']}/{a['rows']}" if a else "-"
+
     table = "\n".join(
-        f"| {c} | {r['tokens_per_s']} | {r['speedup']}x | {r['peak_gib']} | "
-        f"{r['greedy_vs_dynamic']['rows_identical']}/{r['greedy_vs_dynamic']['rows']} | "
-        f"{r.get('greedy_vs_dynamic_fp32', {}).get('rows_identical', '-')}/{r.get('greedy_vs_dynamic_fp32', {}).get('rows', '-')} | "
-        f"{r['logprob_gap']:.2e} |"
+        f"| {c} | {r['tokens_per_s']} | {r['speedup']}x | {r['peak_gib']} | {agreement(r, 'greedy_vs_dynamic')} | "
+        f"{agreement(r, 'greedy_vs_dynamic_fp32')} | {r['logprob_gap']:.2e} |"
         for c, r in rows.items()
     )
     (args.out / f"{args.results_name}.md").write_text(
@@ -158,7 +180,7 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- |\n"
         f"{table}\n"
     )
-    print((args.out / f"{args.results_name}.md").read_text())
+    print((args.out / f"{args.results_name}.md").read_text(), flush=True)
 
 
 if __name__ == "__main__":

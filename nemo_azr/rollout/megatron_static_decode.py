@@ -192,7 +192,8 @@ class MegatronStaticDecoder(StaticDecoder):
     def _step(self, st, sp: SamplingParams, eos_id: int, pad_id: int) -> None:
         """Feed ``st.tok`` at each row's position ``st.pos``; sample the next token into column ``st.t``."""
         pos = st.pos[:, 0]
-        st.mask[st.rows, 0, 0, pos] = True
+        # scatter_ of a Python scalar: no host-to-device copy, which a CUDA graph cannot record
+        st.mask.view(st.mask.shape[0], -1).scatter_(1, st.pos, True)
         hidden = self.model.embedding(input_ids=st.tok, position_ids=st.pos)  # [1, B, H]
         freqs = st.freqs[pos].transpose(0, 1)  # [1, B, 1, d]: one position per row
 

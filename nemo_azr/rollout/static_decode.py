@@ -312,9 +312,9 @@ class StaticDecoder:
                 with torch.cuda.graph(graph):
                     self._step(st, sp, eos_id, pad_id)
             except RuntimeError as exc:  # an op that cannot be recorded: this model decodes eagerly
+                # the warm-up above already made this call's step: no second one
                 log.warning("static decode: CUDA graph recording failed (%s); stepping eagerly", exc)
                 self.cuda_graphs = False
-                self._step(st, sp, eos_id, pad_id)
                 return
             st.graph = graph
             self.graphs_captured += 1
