@@ -269,7 +269,10 @@ def test_sync_weights_after_optimizer_steps_decodes_the_new_weights(harness, tin
     want = reference_greedy(after_weights, tiny_model_path, h.prompts, 6, eos)
     old = reference_greedy(before_weights, tiny_model_path, h.prompts, 6, eos)
     assert want != old, "the optimizer steps did not change the greedy output (the test would prove nothing)"
-    if h.name not in ("megatron", "megatron_static"):  # a copy-holding backend decodes the old weights until the sync
+    if h.name not in (
+        "megatron",
+        "megatron_static",
+    ):  # a copy-holding backend decodes the old weights until the sync
         assert [s.token_ids for s in _greedy(h)] == before
     if hasattr(h.backend, "release"):
         h.backend.release()  # the trainer's update phase (trtllm: the engine sleeps)
