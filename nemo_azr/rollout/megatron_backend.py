@@ -1,6 +1,9 @@
-"""``megatron`` generation backend: samples with megatron-core's inference path from the training weights.
+"""``megatron`` generation backend: samples from the training weights in place.
 
-The megatron policy's own model chunk runs the decode, wrapped in megatron-core's
+On CUDA (``generation.decode=auto``), a model on one GPU decodes through
+:mod:`.megatron_static_decode` (its own static cache around megatron's modules, the step a replayed
+CUDA graph). Otherwise (``decode=dynamic``, CPU, or a layout that path does not serve), the
+megatron policy's own model chunk runs the decode, wrapped in megatron-core's
 ``GPTInferenceWrapper`` with a ``StaticInferenceContext`` (its KV cache): no HF copy, no refit, so
 ``sync_weights`` only bumps the version. Decoding follows megatron's static batching: prompts are
 right-padded, the loop starts at the shortest prompt, and a row whose prompt is longer keeps its

@@ -67,9 +67,10 @@ def layer_forward(
     attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor],
 ) -> torch.Tensor:
     """One megatron ``TransformerLayer`` on ``hidden [s, b, H]`` with RoPE ``freqs`` (``[s, 1, 1, d]``
-    or, one position per row, ``[1, b, 1, d]``). ``attend(q [s, b, heads, d], k, v [s, b, kv heads, d],
-    scale)`` returns the attention output ``[s, b, heads * d]`` (``scale``: megatron's softmax scale). The norms are the layer's own modules (with
-    TransformerEngine's spec they are identities and ``linear_qkv`` / ``linear_fc1`` norm)."""
+    or, one position per row, ``[1, b, 1, d]``). ``attend(q [s, b, heads, d], k, v [s, b, kv heads,
+    d], scale)`` returns the attention output ``[s, b, heads * d]`` (``scale``: megatron's softmax
+    scale). The norms are the layer's own modules (with TransformerEngine's spec they are identities
+    and ``linear_qkv`` / ``linear_fc1`` norm)."""
     from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 
     attention = layer.self_attention
@@ -99,7 +100,6 @@ class _MegatronDecodeState(_DecodeState):
             )
             for _ in model.decoder.layers
         ]
-        self.mask_dtype, self.hidden_value, self.visible_value = torch.bool, False, True
         self.mask = torch.zeros((b, 1, 1, length), dtype=torch.bool, device=device)
         self.rows = torch.arange(b, device=device)
         self.tok = torch.zeros((b, 1), dtype=torch.long, device=device)
