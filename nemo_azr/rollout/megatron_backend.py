@@ -1,6 +1,6 @@
 """``megatron`` generation backend: samples from the training weights in place.
 
-On CUDA (``generation.decode=auto``), a model on one GPU decodes through
+On CUDA (``generation.decode=auto``), a model in one pipeline stage decodes through
 :mod:`.megatron_static_decode` (its own static cache around megatron's modules, the step a replayed
 CUDA graph). Otherwise (``decode=dynamic``, CPU, or a layout that path does not serve), the
 megatron policy's own model chunk runs the decode, wrapped in megatron-core's
@@ -142,12 +142,11 @@ class MegatronGenerationBackend(GenerationEngineBase):
         if self.decode == "dynamic" or (self.decode == "auto" and device.type != "cuda"):
             return False
         if self._static is None:
-            from nemo_azr.models.megatron.logprobs import output_weight_shard, unwrap_gpt_model
+            from nemo_azr.models.megatron.logprobs import unwrap_gpt_model
             from nemo_azr.rollout.megatron_static_decode import MegatronStaticDecoder
 
-            model = unwrap_gpt_model(self.model)
             self._static = MegatronStaticDecoder(
-                model, lambda: output_weight_shard(model)[0], _sample, cuda_graphs=self.cuda_graphs
+                unwrap_gpt_model(self.model), self.vocab_size, _sample, cuda_graphs=self.cuda_graphs
             )
         return True
 

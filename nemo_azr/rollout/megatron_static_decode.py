@@ -14,8 +14,10 @@ Rows are left-aligned (real tokens from column 0, as megatron's RoPE wants), so 
 is its position and rows of different prompt lengths decode side by side from their first token.
 The prompts are encoded by a causal forward of the same code (SDPA), which fills the cache.
 
-One GPU (tensor and pipeline parallel size 1), plain RoPE, dense MLP; anything else decodes through
-megatron's static inference loop (:func:`megatron_static_decode_unsupported` says why).
+Tensor parallelism: each rank runs its own heads and MLP shard (megatron's linears all-reduce), and
+the vocabulary-parallel logits are all-gathered, so every rank samples the same tokens from the same
+random stream. One pipeline stage, plain RoPE, dense MLP; anything else decodes through megatron's
+static inference loop (:func:`megatron_static_decode_unsupported` says why).
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def megatron_static_decode_unsupported(model: torch.nn.Module) -> str | None:
     from megatron.core import parallel_state as ps
 
     config = model.config
-    if ps.get_tensor_model_parallel_world_size() > 1 or ps.get_pipeline_model_parallel_world_size() > 1:
-        return "tensor or pipeline parallelism (the static path decodes on one GPU)"
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        return "pipeline parallelism (the static path runs every layer on each rank)"
     if getattr(model, "position_embedding_type", None) != "rope":
         return f"position embedding {getattr(model, 'position_embedding_type', None)!r} (needs rope)"
     checks = {
@@ -89,9 +91,9 @@ class _MegatronDecodeState(_DecodeState):
 
     def __init__(self, model: torch.nn.Module, key: _ShapeKey, device: torch.device) -> None:
         b, length = key.bucket, key.cache_len
-        config = model.config
-        kv_heads = config.num_query_groups or config.num_attention_heads
-        head_dim = config.kv_channels
+        attention = model.decoder.layers[0].self_attention
+        kv_heads = attention.num_query_groups_per_partition  # this tensor-parallel rank's
+        head_dim = attention.hidden_size_per_attention_head
         dtype = model.embedding.word_embeddings.weight.dtype
         self.layers = [
             (
@@ -118,7 +120,7 @@ class MegatronStaticDecoder(StaticDecoder):
     def __init__(
         self,
         model: torch.nn.Module,
-        output_weight: Callable[[], torch.Tensor],
+        vocab_size: int,
         sample: Callable[[torch.Tensor, SamplingParams], tuple[torch.Tensor, torch.Tensor]],
         *,
         cuda_graphs: bool = True,
@@ -126,7 +128,7 @@ class MegatronStaticDecoder(StaticDecoder):
     ) -> None:
         # StaticDecoder's loop, buckets and graph recording; not its HF-model set-up
         self.model = model
-        self.output_weight = output_weight  # the real vocabulary's rows of the output layer
+        self.vocab_size = vocab_size
         self.sample = sample
         self.cuda_graphs = cuda_graphs
         self.sync_every = max(1, sync_every)
@@ -134,8 +136,30 @@ class MegatronStaticDecoder(StaticDecoder):
         self.graphs_captured = 0
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits ``[rows, V]`` of final-normed ``hidden [rows, H]`` over the real vocabulary."""
-        return (hidden @ self.output_weight().t()).float()
+        """float32 logits ``[rows, V]`` of final-normed ``hidden [rows, H]`` over the real vocabulary,
+        the same on every tensor-parallel rank (so each samples the same tokens from the same stream)."""
+        from megatron.core import parallel_state as ps
+
+        from nemo_azr.models.megatron.logprobs import output_weight_shard
+
+        weight, _ = output_weight_shard(self.model)  # this rank's real-vocabulary rows
+        local = (hidden @ weight.t()).float()
+        tp = ps.get_tensor_model_parallel_world_size()
+        if tp == 1:
+            return local
+        # Each rank holds an equal slice of the padded vocabulary; its rows past the real vocabulary
+        # are -inf here (never sampled), then the slices are gathered in rank order.
+        per_rank = (
+            self.model.shared_embedding_or_output_weight()
+            if self.model.share_embeddings_and_output_weights
+            else self.model.output_layer.weight
+        ).shape[0]
+        padded = local.new_full((local.shape[0], per_rank), float("-inf"))
+        padded[:, : local.shape[1]] = local
+        gathered = local.new_empty((tp * local.shape[0], per_rank))
+        torch.distributed.all_gather_into_tensor(gathered, padded, group=ps.get_tensor_model_parallel_group())
+        full = gathered.view(tp, local.shape[0], per_rank).transpose(0, 1).reshape(local.shape[0], -1)
+        return full[:, : self.vocab_size]
 
     # --- prompts ---------------------------------------------------------------------------------
     def encode(self, prompts: list[list[int]], pad_id: int):

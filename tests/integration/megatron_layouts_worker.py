@@ -14,7 +14,8 @@ its key is in the spec:
 3. ``run_c``: 2 steps at data parallel 2 with the distributed optimizer, a checkpoint every step;
    ``run_d``: the same run resumed from run C's ``step_1`` at ``tp2pp1`` (data parallel 1).
 4. ``run_e`` / ``run_f``: 2 steps at ``tp2pp1`` / ``tp1pp2`` generating with
-   ``generation.backend=megatron``.
+   ``generation.backend=megatron``; after run E each rank saves its greedy replies by the static
+   decode path and by megatron-core's loop (``static_decode_tp2_rank<r>.pt``).
 5. ``reshard``: run A's ``step_4`` checkpoint loaded at ``tp1pp1`` (dp 2), ``tp1pp2`` and ``tp2pp1``;
    rank 0 saves the log-probs of a fixed batch.
 6. ``convert``: ``nemo-azr convert`` argument lists, run in order on every rank (the CLI's code path
@@ -53,6 +54,28 @@ def _parity(policy, batch, logits_ids_file: str) -> dict:
         "logprobs": policy.compute_logprobs(batch),
         "logits": megatron_logits(policy.chunks, torch.load(logits_ids_file)),
         "weights": policy.export_hf_state_dict(),
+    }
+
+
+def _static_and_dynamic_greedy(trainer) -> dict[str, list[list[int]]]:
+    """Greedy replies of prompts of different lengths from the trained policy's shards, decoded by
+    the static path (rollout/megatron_static_decode.py) and by megatron-core's loop (both collective)."""
+    from nemo_azr.contracts.generation import GenerationRequest, SamplingParams
+    from nemo_azr.rollout.megatron_backend import MegatronGenerationBackend
+    from nemo_azr.rollout.single_turn import encode_prompt
+
+    tok = trainer.tokenizer
+    requests = [
+        GenerationRequest(encode_prompt(tok, [{"role": "user", "content": q}]))
+        for q in ("What is 1 + 2?", "Hi", "What is 17 + 28? Say it.")
+    ]
+    sp = SamplingParams(n=1, greedy=True, max_new_tokens=12)
+    return {
+        decode: [
+            o.samples[0].token_ids
+            for o in MegatronGenerationBackend(trainer.policy, tok, decode=decode).generate(requests, sp)
+        ]
+        for decode in ("static", "dynamic")
     }
 
 
@@ -102,13 +125,17 @@ def main(out: str, spec_file: str) -> None:
     if "run_e" in spec:
         # generation.backend=megatron at TP=2 and PP=2: the ranks decode with megatron's inference path.
         for name, layout in (("run_e", "tp2pp1"), ("run_f", "tp1pp2")):
-            _trainer(
+            trainer = _trainer(
                 spec,
                 f"parallel={layout}",
                 "generation.backend=megatron",
                 f"trainer.output_dir={out_dir / name}",
                 *spec["run_e"],
-            ).fit()
+            )
+            trainer.fit()
+            if name == "run_e":  # each rank's greedy replies, static path and megatron-core's loop
+                rank = dist.get_rank()
+                torch.save(_static_and_dynamic_greedy(trainer), out_dir / f"static_decode_tp2_rank{rank}.pt")
 
     for layout in spec.get("reshard_layouts", []):
         trainer = _trainer(

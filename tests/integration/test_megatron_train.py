@@ -461,6 +461,17 @@ def test_megatron_generation_needs_the_megatron_policy(tiny_cache, tmp_path, cap
     assert "generation.backend=megatron does not support virtual pipeline stages yet" in message
 
 
+def test_tp2_static_decode_matches_megatrons_loop_on_every_rank(layouts_run):
+    """generation.decode=static at TP=2: each rank runs its heads and its vocabulary slice, the logits
+    are gathered, and both ranks decode megatron-core's loop's greedy replies (prompts of different
+    lengths, after two training steps)."""
+    ranks = [torch.load(layouts_run / f"static_decode_tp2_rank{r}.pt") for r in (0, 1)]
+    for replies in ranks:
+        assert replies["static"] == replies["dynamic"]
+        assert all(len(r) > 0 for r in replies["static"])
+    assert ranks[0]["static"] == ranks[1]["static"]
+
+
 @pytest.mark.parametrize("run", ["run_e", "run_f"], ids=["tp2", "pp2"])
 def test_parallel_run_generating_with_megatron_follows_the_hf_backend(run, layouts_run, hf_run):
     """At TP=2 both ranks decode with megatron's inference path from their own shards; at PP=2 the
