@@ -230,15 +230,7 @@ class MegatronStaticDecoder(StaticDecoder):
                 return out.reshape(1, q.shape[1], -1)  # [B, 1, heads, d] -> [1, B, heads * d]
 
             hidden = layer_forward(layer, hidden, freqs, attend)
-        logits = self._logits(self.model.decoder.final_layernorm(hidden)[0])
-        tok, logp = self.sample(logits, sp)
-        tok = tok.masked_fill(st.done, pad_id)
-        st.tokens.index_copy_(1, st.t, tok[:, None])
-        st.logps.index_copy_(1, st.t, logp.masked_fill(st.done, 0.0)[:, None])
-        st.done |= tok == eos_id
-        st.tok.copy_(tok[:, None])
-        st.pos.add_(1)
-        st.t.add_(1)
+        self._sample_into(st, self._logits(self.model.decoder.final_layernorm(hidden)[0]), sp, eos_id, pad_id)
 
 
 __all__ = ["MegatronStaticDecoder", "layer_forward", "megatron_static_decode_unsupported"]

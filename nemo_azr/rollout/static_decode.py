@@ -187,6 +187,12 @@ class StaticDecoder:
         finally:
             config._attn_implementation = prompt_attention
         logits = self.head(out.last_hidden_state[:, -1].contiguous()).float()
+        self._sample_into(st, logits, sp, eos_id, pad_id)
+        st.cur.add_(1)
+
+    def _sample_into(self, st, logits: torch.Tensor, sp: SamplingParams, eos_id: int, pad_id: int) -> None:
+        """Sample the next token of every row from ``logits [B, V]`` into output column ``st.t`` (pad
+        after a row's eos), feed it next, and advance ``st.pos`` and ``st.t``."""
         tok, logp = self.sample(logits, sp)
         tok = tok.masked_fill(st.done, pad_id)
         st.tokens.index_copy_(1, st.t, tok[:, None])
@@ -194,7 +200,6 @@ class StaticDecoder:
         st.done |= tok == eos_id
         st.tok.copy_(tok[:, None])
         st.pos.add_(1)
-        st.cur.add_(1)
         st.t.add_(1)
 
     def _state_for(self, key: _ShapeKey, device: torch.device) -> _DecodeState:
