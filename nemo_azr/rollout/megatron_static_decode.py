@@ -22,14 +22,13 @@ static inference loop (:func:`megatron_static_decode_unsupported` says why).
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from nemo_azr.contracts.generation import SamplingParams
-from nemo_azr.rollout.static_decode import StaticDecoder, _DecodeState, _ShapeKey, gqa_decode_attention
+from nemo_azr.rollout.static_decode import StaticDecoder, _ShapeKey, _StepBuffers, gqa_decode_attention
 
 
 def megatron_static_decode_unsupported(model: torch.nn.Module) -> str | None:
@@ -86,11 +85,13 @@ def layer_forward(
     return _residual_add(hidden, layer.mlp(layer.pre_mlp_layernorm(hidden)))
 
 
-class _MegatronDecodeState(_DecodeState):
-    """The hf state's step buffers, with the cache as one ``(keys, values)`` pair per layer."""
+class _MegatronDecodeState(_StepBuffers):
+    """The shared step buffers, with the cache as one ``(keys, values)`` pair per layer; a row's
+    position is its cache column."""
 
     def __init__(self, model: torch.nn.Module, key: _ShapeKey, device: torch.device) -> None:
         b, length = key.bucket, key.cache_len
+        super().__init__(b, device)
         attention = model.decoder.layers[0].self_attention
         kv_heads = attention.num_query_groups_per_partition  # this tensor-parallel rank's
         head_dim = attention.hidden_size_per_attention_head
@@ -104,13 +105,6 @@ class _MegatronDecodeState(_DecodeState):
         ]
         self.mask = torch.zeros((b, 1, 1, length), dtype=torch.bool, device=device)
         self.rows = torch.arange(b, device=device)
-        self.tok = torch.zeros((b, 1), dtype=torch.long, device=device)
-        self.pos = torch.zeros((b, 1), dtype=torch.long, device=device)  # = the token's cache column
-        self.t = torch.zeros((1,), dtype=torch.long, device=device)
-        self.done = torch.zeros((b,), dtype=torch.bool, device=device)
-        self.tokens: torch.Tensor | None = None
-        self.logps: torch.Tensor | None = None
-        self.graph: torch.cuda.CUDAGraph | None = None
         self.freqs: torch.Tensor | None = None  # RoPE of every cache position (set by the decoder)
 
 
@@ -127,13 +121,8 @@ class MegatronStaticDecoder(StaticDecoder):
         sync_every: int = 16,
     ) -> None:
         # StaticDecoder's loop, buckets and graph recording; not its HF-model set-up
-        self.model = model
+        self._init_loop(model, sample, cuda_graphs, sync_every)
         self.vocab_size = vocab_size
-        self.sample = sample
-        self.cuda_graphs = cuda_graphs
-        self.sync_every = max(1, sync_every)
-        self._states = OrderedDict()
-        self.graphs_captured = 0
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, V]`` of final-normed ``hidden [rows, H]`` over the real vocabulary,
@@ -196,7 +185,7 @@ class MegatronStaticDecoder(StaticDecoder):
         return self._logits(last), past, attn, lens[:, None]
 
     # --- StaticDecoder's hooks ---------------------------------------------------------------------
-    def _new_state(self, key: _ShapeKey, device: torch.device) -> _DecodeState:
+    def _new_state(self, key: _ShapeKey, device: torch.device) -> _StepBuffers:
         st = _MegatronDecodeState(self.model, key, device)
         # every position of the cache; the state holds it, so a recorded graph's input stays alive
         st.freqs = self.model.rotary_pos_emb(key.cache_len)

@@ -120,26 +120,33 @@ class _ShapeKey:
     top_p: float
 
 
-class _DecodeState:
-    """The fixed-address buffers one captured step reads and writes."""
+class _StepBuffers:
+    """The step buffers every static decoder's captured step reads and writes (not its cache)."""
+
+    def __init__(self, b: int, dev: torch.device) -> None:
+        self.tok = torch.zeros((b, 1), dtype=torch.long, device=dev)  # the token fed next
+        self.pos = torch.zeros((b, 1), dtype=torch.long, device=dev)  # its position id per row
+        self.t = torch.zeros((1,), dtype=torch.long, device=dev)  # the output column it samples into
+        self.done = torch.zeros((b,), dtype=torch.bool, device=dev)
+        self.tokens: torch.Tensor | None = None
+        self.logps: torch.Tensor | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+
+class _DecodeState(_StepBuffers):
+    """The fixed-address buffers one captured step of the hf model reads and writes."""
 
     def __init__(self, model: torch.nn.Module, key: _ShapeKey, vocab_device: torch.device) -> None:
         b, length = key.bucket, key.cache_len
         dev = vocab_device
+        super().__init__(b, dev)
         self.cache = StaticCache(config=model.config, max_cache_len=length)
         bool_mask = model.config._attn_implementation == "sdpa"
         self.mask_dtype = torch.bool if bool_mask else next(model.parameters()).dtype
         self.hidden_value = False if bool_mask else torch.finfo(self.mask_dtype).min
         self.visible_value = True if bool_mask else 0.0
         self.mask = torch.full((b, 1, 1, length), self.hidden_value, dtype=self.mask_dtype, device=dev)
-        self.tok = torch.zeros((b, 1), dtype=torch.long, device=dev)  # the token fed next
-        self.pos = torch.zeros((b, 1), dtype=torch.long, device=dev)  # its position id per row
-        self.cur = torch.zeros((1,), dtype=torch.long, device=dev)  # its cache column
-        self.t = torch.zeros((1,), dtype=torch.long, device=dev)  # the output column it samples into
-        self.done = torch.zeros((b,), dtype=torch.bool, device=dev)
-        self.tokens: torch.Tensor | None = None
-        self.logps: torch.Tensor | None = None
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.cur = torch.zeros((1,), dtype=torch.long, device=dev)  # the fed token's cache column
 
 
 class StaticDecoder:
@@ -155,17 +162,21 @@ class StaticDecoder:
         grouped_attention: bool = False,
         sync_every: int = 16,
     ) -> None:
-        self.model = model
+        self._init_loop(model, sample, cuda_graphs, sync_every)
         self.decoder = getattr(model, model.base_model_prefix)
         self.head = model.get_output_embeddings()
         self.cache_kw = cache_kw
-        self.sample = sample
-        self.cuda_graphs = cuda_graphs
         # The step's attention: the model's own (sdpa/eager) or gqa_decode_attention (keys/values read
         # once per KV head; 2.6x the model's own in the graph on an H200: results/decode_gpu.md)
         self.grouped_attention = grouped_attention
+
+    def _init_loop(self, model: torch.nn.Module, sample, cuda_graphs: bool, sync_every: int) -> None:
+        """What the loop, the shape buckets and the graph recording keep (every static decoder)."""
+        self.model = model
+        self.sample = sample
+        self.cuda_graphs = cuda_graphs
         self.sync_every = max(1, sync_every)
-        self._states: OrderedDict[_ShapeKey, _DecodeState] = OrderedDict()
+        self._states: OrderedDict[_ShapeKey, _StepBuffers] = OrderedDict()
         self.graphs_captured = 0  # for tests and benchmarks: how many shapes were recorded
 
     # --- the step --------------------------------------------------------------------------------
@@ -211,7 +222,7 @@ class StaticDecoder:
         self._states[key] = st  # most recently used last
         return st
 
-    def _new_state(self, key: _ShapeKey, device: torch.device) -> _DecodeState:
+    def _new_state(self, key: _ShapeKey, device: torch.device) -> _StepBuffers:
         """The buffers of a new captured shape (a subclass with another cache overrides this)."""
         return _DecodeState(self.model, key, device)
 
