@@ -56,6 +56,35 @@ def test_seed_tasks(domain):
     assert seeds[0].answer == str(3 * int(seeds[0].meta["input"]) + 1)
 
 
+def test_a_seed_program_that_times_out_is_run_again_with_a_longer_wall_limit(monkeypatch):
+    """On a loaded machine a built-in seed can time out at a short wall limit; its run is repeated at
+    2x, then 4x the limit, and only a third timeout stops the domain (with the seed named)."""
+    import nemo_azr.envs.python_exec.domain as code_domain
+    from nemo_azr.envs.python_exec.programs import ProgramRun, run_program
+
+    walls: list[float] = []
+
+    def flaky(program, inputs, limits=None):
+        walls.append(limits.wall_time_s)
+        if len(walls) <= 2:  # the first seed's first two runs
+            return ProgramRun("timeout", [None] * len(inputs), ["sandbox: timeout"] * len(inputs))
+        return run_program(program, inputs, limits)
+
+    monkeypatch.setattr(code_domain, "run_program", flaky)
+    cfg = AbsoluteZeroConfig()
+    cfg.python_exec.limits.wall_time_s = 1.5
+    seeds = PythonExecDomain(cfg).seed_tasks()
+    assert walls[:3] == [1.5, 3.0, 6.0] and set(walls[3:]) == {1.5}  # later seeds at the configured limit
+    assert seeds[0].answer == PythonExecDomain().seed_tasks()[0].answer
+
+    def always_late(program, inputs, limits=None):
+        return ProgramRun("timeout", [None] * len(inputs), ["sandbox: timeout"] * len(inputs))
+
+    monkeypatch.setattr(code_domain, "run_program", always_late)
+    with pytest.raises(RuntimeError, match="seed program 0 failed in the sandbox: timeout"):
+        PythonExecDomain(cfg).seed_tasks()
+
+
 def test_parse_valid_group(domain, seeds):
     text = "Sure, here you go:\n" + _group(DED, DED | {"input": "-2"}) + "\nthanks"
     tasks = domain.parse_proposal(text, seeds["deduction"], 2)

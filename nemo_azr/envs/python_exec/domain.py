@@ -15,15 +15,16 @@ import ast
 import json
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from nemo_azr.config.schema import AbsoluteZeroConfig, PythonExecConfig
+from nemo_azr.config.schema import AbsoluteZeroConfig, PythonExecConfig, SandboxLimitsConfig
 from nemo_azr.contracts.task import Example
 from nemo_azr.envs.base import ProposalDomain, ProposalError
 from nemo_azr.envs.python_exec.env import PythonExecEnv
 from nemo_azr.envs.python_exec.literals import canonical, parse_literal, perturb
 from nemo_azr.envs.python_exec.pool import LIMITER, map_ordered
-from nemo_azr.envs.python_exec.programs import run_program
+from nemo_azr.envs.python_exec.programs import ProgramRun, run_program
 from nemo_azr.envs.python_exec.seeds import SEED_PROGRAMS
 from nemo_azr.envs.python_exec.tasks import build_question, find_json_object
 from nemo_azr.registry import ENVIRONMENTS
@@ -57,6 +58,23 @@ def _wrong_program(program: str) -> str:
     return ast.unparse(tree) if bumper.done else _IDENTITY
 
 
+SEED_RUN_ATTEMPTS = 3  # a built-in seed program's run, with the wall limit doubled after each timeout
+
+
+def _run_seed_program(program: str, inputs: list[Any], limits: SandboxLimitsConfig) -> ProgramRun:
+    """Run a built-in seed program; on a timeout, again with twice the wall-clock limit (up to
+    ``SEED_RUN_ATTEMPTS`` runs). The seeds are known to finish at once, so a timeout here is a loaded
+    machine (a short ``limits.wall_time_s`` beside other jobs), not the program: one slow start must
+    not stop a training run before its first step. Proposed programs keep the configured limits."""
+    run = run_program(program, inputs, limits)
+    for _ in range(SEED_RUN_ATTEMPTS - 1):
+        if run.status != "timeout":
+            break
+        limits = replace(limits, wall_time_s=2 * limits.wall_time_s)
+        run = run_program(program, inputs, limits)
+    return run
+
+
 @ENVIRONMENTS.register("python_exec")
 class PythonExecDomain(ProposalDomain):
     """Deduction / abduction / induction questions about small ``def f(x)`` programs."""
@@ -79,7 +97,7 @@ class PythonExecDomain(ProposalDomain):
                 program = sp.program(*sp.default) + "\n"
                 inputs = [canonical(sp.sample_input(random.Random(k * 7 + j))) for j in range(2)]
                 inputs = list(dict.fromkeys(inputs))  # distinct, in order
-                run = run_program(program, [parse_literal(x) for x in inputs], self.env_cfg.limits)
+                run = _run_seed_program(program, [parse_literal(x) for x in inputs], self.env_cfg.limits)
                 if not run.all_ok:
                     raise RuntimeError(f"seed program {k} failed in the sandbox: {run.status} {run.errors}")
                 meta = {"type": self.task_types[k % len(self.task_types)], "program": program,
