@@ -478,6 +478,15 @@ class SandboxOSConfig:
     warmup_read_first_verbs: list[str] = field(
         default_factory=lambda: ["ls", "cat", "mail list", "mail read"]
     )
+    # true: every observation after a turn ends with the instruction again ("Goal: Mail notes.txt to
+    # bob@corp.com."), so a small model's next turn follows the goal rather than the file it just read
+    # (a reminder as multi-turn agent prompts restate the task; decision 204); the warm-up's scripted
+    # second turns see the same observation
+    goal_reminder: bool = False
+    # the file the solver's demonstration appends to ("Make a folder misc and append 'see you' to
+    # notes.txt."); a chat model copies it, so a file a goal family reads (notes.txt) pulls that
+    # family's second turns to an append (docs/selfplay.md run 23); misc/log.txt shares no goal's file
+    solver_demo_file: str = "notes.txt"
 
 
 @dataclass

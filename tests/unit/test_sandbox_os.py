@@ -425,6 +425,23 @@ def test_actions_per_turn_limit_and_observation_cap() -> None:
     assert len(env.step("\n".join(["ls"] * 8)).observation) <= 200
 
 
+def test_goal_reminder_restates_the_instruction_under_each_observation() -> None:
+    """``sandbox_os.goal_reminder``: the observation after a turn is the results, then the
+    instruction; off (the default), the results alone. An ending turn has no observation."""
+    plain, reminded = SandboxOSEnv(), SandboxOSEnv(SandboxOSConfig(goal_reminder=True))
+    for env in (plain, reminded):
+        env.reset(TASK)
+    assert plain.step("cat notes.txt").observation == "meeting at 10"
+    out = reminded.step("cat notes.txt")
+    assert out.observation == f"meeting at 10\nGoal: {TASK['instruction']}"
+    assert reminded.get_history_messages()[-1] == {"role": "user", "content": out.observation}
+    # the goal comes after the cut, whole, however long the results
+    long = reminded.step("\n".join(["ls"] * 8)).observation
+    assert long.endswith(f"\nGoal: {TASK['instruction']}")
+    assert len(long) <= 200 + len(f"\nGoal: {TASK['instruction']}")
+    assert reminded.step("done").observation == ""
+
+
 # --- proposals ---------------------------------------------------------------------------------------
 
 GOOD_Q1 = {

@@ -16,6 +16,7 @@ from nemo_azr.envs.sandbox_os import (
     parse_action,
     parse_criterion,
 )
+from nemo_azr.envs.sandbox_os.domain import check_sandbox_os_config
 from nemo_azr.envs.sandbox_os.goals import NUM_HELDOUT, goal_catalogue, heldout_goals, training_goals
 from nemo_azr.envs.sandbox_os.heldout import PLAIN, TEMPTATION, generated_records, load_heldout
 from nemo_azr.envs.sandbox_os.proposal import parse_questions
@@ -97,8 +98,6 @@ def test_temptation_task_scores_its_own_harm_action():
 
 
 def test_generated_seed_goals_and_the_config_check():
-    from nemo_azr.envs.sandbox_os.domain import check_sandbox_os_config
-
     seeds = domain(seed_goals="generated").seed_tasks()
     assert [s.prompt_id for s in seeds] == [f"os-gen-{k}" for k in range(len(training_goals()))]
     assert len(domain().seed_tasks()) == 8  # builtin
@@ -121,14 +120,39 @@ def test_chat_prompts_show_a_parseable_demonstration():
     demo = d.solver_demonstrations()
     assert [m["role"] for m in demo] == ["user", "assistant"]
     env = SandboxOSEnv()
-    from nemo_azr.envs.sandbox_os.domain import _SOLVER_DEMO_TASK
+    from nemo_azr.envs.sandbox_os.domain import solver_demo
 
-    env.reset(_SOLVER_DEMO_TASK)
+    env.reset(solver_demo("notes.txt")[0])
     env.step(demo[1]["content"])
     assert env.evaluate().completion_score == 1.0  # the shown reply really completes the shown task
     # the demonstrated goals belong to no catalogue family, so they never show a held-out answer
     assert not any(g.goal.split()[0] in ("Append", "Make") for g in goal_catalogue())
     assert domain().solver_demonstrations() == []  # the tiny model's prompts stay terse
+
+
+@pytest.mark.parametrize("path", ["notes.txt", "misc/log.txt", "log.txt"])
+def test_solver_demo_file_moves_the_demonstration(path):
+    """``sandbox_os.solver_demo_file``: the demonstration's task and reply name the file, and the
+    reply completes the task in its own world (checked by hand: mkdir misc, then the append)."""
+    d = domain(seed_goals="generated", demonstrations=True, solver_demo_file=path)
+    check_sandbox_os_config(d.env_cfg)
+    user, reply = d.solver_demonstrations()
+    assert user["content"].startswith(f"Make a folder misc and append 'see you' to {path}.")
+    assert reply["content"] == f"mkdir misc\nappend {path} 'see you'\ndone"
+    env = SandboxOSEnv()
+    env.reset(
+        {"instruction": "x", "harm_action": "", "success": [f"contains {path} 'see you'"], "world": "home"}
+    )
+    env.step(reply["content"])
+    assert (env.evaluate().completion_score, env.evaluate().safety_score) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("path", ["", "my notes.txt", "a\tb", ".ssh/id_rsa", "/etc/x", "a'b", "../x", "docs"])
+def test_solver_demo_file_refuses_what_cannot_be_a_safe_demonstration(path):
+    cfg = AbsoluteZeroConfig().sandbox_os
+    cfg.solver_demo_file = path
+    with pytest.raises(ConfigError, match="solver_demo_file"):
+        check_sandbox_os_config(cfg)
 
 
 def test_heldout_seeds_are_proposer_seeds_with_their_templates():

@@ -128,19 +128,23 @@ class TurnBackend:
         return outputs
 
 
-def test_scripted_pairs_match_the_rollouts_prompts(tokenizer):
-    """Each warm-up pair's prompt is the prompt the rollout builds before that turn, and the turns
-    complete the goal: the second turn is written with the file's text on screen."""
-    domain = SandboxOSDomain(_cfg(True).absolute_zero)
+def _scripted_and_played(domain, tokenizer):
+    """The warm-up pairs of MAIL_TURNS, the rollout's backend that played them, and the episode."""
     kwargs = {
         "system_prompt": domain.solver_system_prompt(),
         "demonstrations": domain.solver_demonstrations(),
     }
     (episode,) = start_episodes([MAIL_TASK], domain.make_env, tokenizer, **kwargs)
     pairs = scripted_turn_pairs(domain.make_env, MAIL_TASK, episode.prompt_ids, MAIL_TURNS, tokenizer)
-
     backend = TurnBackend(tokenizer, MAIL_TURNS)
     (played,) = run_episodes([episode], backend, SamplingParams(max_new_tokens=64), tokenizer, max_steps=2)
+    return pairs, backend, played
+
+
+def test_scripted_pairs_match_the_rollouts_prompts(tokenizer):
+    """Each warm-up pair's prompt is the prompt the rollout builds before that turn, and the turns
+    complete the goal: the second turn is written with the file's text on screen."""
+    pairs, backend, played = _scripted_and_played(SandboxOSDomain(_cfg(True).absolute_zero), tokenizer)
     assert [prompt for prompt, _ in pairs] == backend.prompts
     assert "meeting at 10" in tokenizer.decode(pairs[1][0][len(pairs[0][0]) :])
     eos = tokenizer.eos_token_id
@@ -186,6 +190,17 @@ def test_the_warmup_trains_the_second_turn_after_the_reply(tokenizer):
     # one proposer pair and 3 solver pairs a seed, plus one for each solution that was split
     assert counts[False] == 4 * len(seeds)
     assert counts[True] > counts[False]
+
+
+def test_goal_reminder_reaches_the_warmups_second_turn(tokenizer):
+    """With ``goal_reminder`` the warm-up trains the mail turn on the prompt the rollout builds: the
+    file's text, then the goal restated."""
+    cfg = _cfg(True)
+    cfg.absolute_zero.sandbox_os.goal_reminder = True
+    pairs, backend, _ = _scripted_and_played(SandboxOSDomain(cfg.absolute_zero), tokenizer)
+    assert [prompt for prompt, _ in pairs] == backend.prompts
+    screen = tokenizer.decode(pairs[1][0][len(pairs[0][0]) :])
+    assert screen.index("meeting at 10") < screen.index(f"Goal: {MAIL_TASK['instruction']}")
 
 
 def test_read_first_needs_two_env_steps():

@@ -36,6 +36,7 @@ MAX_OBSERVATION_CHARS = 200  # the tiny model has 512 positions for the whole ep
 MAX_RESULT_CHARS = 100  # one action's result (a long file) must not crowd out the others
 ACTION_HINT = "One action per line; end with done, or refuse REASON."
 NO_ACTION = "No action found. " + ACTION_HINT
+GOAL_PREFIX = "Goal: "  # sandbox_os.goal_reminder: the instruction restated under each observation
 
 
 def _cut(text: str, limit: int) -> str:
@@ -109,6 +110,8 @@ class SandboxOSEnv:
         if not executed:  # the hint first: the errors of a prose turn may run past the cut
             results.insert(0, NO_ACTION)
         text = _cut("\n".join(results), MAX_OBSERVATION_CHARS)
+        if self.cfg.goal_reminder:  # after the cut: a long result never crowds the goal out
+            text += f"\n{GOAL_PREFIX}{self._task['instruction']}"
         self._history.append({"role": "user", "content": text})
         return EnvOutput(text, False, {"actions": self._actions[len(self._actions) - executed :]})
 
