@@ -69,7 +69,7 @@ class PerRowPromptBackend(HFGenerationBackend):
     """The reference: every row encodes its own copy of its prompt."""
 
     def _encode_prompts(self, ids, attn, pos):
-        return self._next_logits(ids, attn, pos, None)
+        return (*self._next_logits(ids, attn, pos, None), attn)
 
 
 def time_generation(model, tokenizer, batch: Batch, args) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 from nemo_azr.contracts.generation import GenerationOutput, GenerationRequest, Sample, SamplingParams
 from nemo_azr.errors import ConfigError
-from nemo_azr.models.training.shared_prefix import cache_keyword, distinct_rows
+from nemo_azr.models.training.shared_prefix import cache_keyword, common_start, distinct_rows, own_columns
 from nemo_azr.registry import GENERATION_BACKENDS
 from nemo_azr.rollout.engine import GenerationEngineBase
 from nemo_azr.rollout.static_decode import DECODE_MODES, StaticDecoder, static_decode_unsupported
@@ -220,7 +220,7 @@ class HFGenerationBackend(GenerationEngineBase):
         device = next(self.model.parameters()).device
         b, span = len(prompts), max(len(c) for c in conts)
         ids, attn, pos = self._left_padded(prompts, device)
-        first_logits, past = self._encode_prompts(ids, attn, pos)
+        first_logits, past, attn = self._encode_prompts(ids, attn, pos)
         cont = torch.full((b, span), self.pad_id, dtype=torch.long, device=device)
         for i, c in enumerate(conts):  # right padding: a padded column follows every real one
             cont[i, : len(c)] = torch.tensor(c, dtype=torch.long)
@@ -266,20 +266,44 @@ class HFGenerationBackend(GenerationEngineBase):
         last = out.last_hidden_state[:, -1].contiguous()
         return self.model.get_output_embeddings()(last).float(), getattr(out, self._cache_kw)
 
-    def _encode_prompts(self, ids, attn, pos) -> tuple[torch.Tensor, object]:
-        """Logits of each prompt's last position and the KV cache, every distinct prompt encoded once.
+    def _encode_prompts(self, ids, attn, pos) -> tuple[torch.Tensor, object, torch.Tensor]:
+        """Logits of each prompt's last position, the KV cache and its attention mask, every distinct
+        prompt encoded once and the opening all distinct prompts share encoded once.
 
         The ``n`` samples of a request (and the confidences of one RLCR answer) share their prompt:
         it runs through the model once and its keys and values are copied to its rows, instead of
         encoding hundreds of identical tokens ``n`` times (the prompt dominates short replies).
+        Distinct prompts that open alike (self-play's system prompt and demonstration before each
+        question, or each turn's whole conversation so far) share that opening the same way
+        (``_encode_distinct``). The cache's columns may then be in another order than ``attn``'s: the
+        mask returned is the one decoding continues with.
         """
         groups = distinct_rows(ids, attn)  # left-padded to one width: same prompt, same row
         if groups is None:
-            return self._next_logits(ids, attn, pos, None)
+            return self._encode_distinct(ids, attn, pos)
         first, inverse = groups
-        logits, past = self._next_logits(ids[first], attn[first], pos[first], None)
+        logits, past, layout = self._encode_distinct(ids[first], attn[first], pos[first])
         past.batch_select_indices(inverse)
-        return logits[inverse], past
+        return logits[inverse], past, layout[inverse]
+
+    def _encode_distinct(self, ids, attn, pos) -> tuple[torch.Tensor, object, torch.Tensor]:
+        """:meth:`_encode_prompts` for prompts that differ: the leading tokens they all share
+        (``common_start``) run once and their cache is copied to every row; each row's other columns
+        (left padding, then the rest of its prompt) run on it. The cache holds the shared columns
+        first, so the mask returned is ``[ones(c), each row's own columns' mask]``; positions are
+        the prompt's, so what decoding computes is unchanged (the order of keys does not enter
+        attention, only the mask and the positions do)."""
+        start = common_start(ids, attn) if ids.shape[0] > 1 else None
+        if start is None:
+            return (*self._next_logits(ids, attn, pos, None), attn)
+        starts, c = start
+        s0 = int(starts[0])
+        _, past = self._next_logits(ids[:1, s0 : s0 + c], attn[:1, s0 : s0 + c], pos[:1, s0 : s0 + c], None)
+        past.batch_select_indices(torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device))
+        own = own_columns(starts, c, ids.shape[1])
+        layout = torch.cat([attn.new_ones(ids.shape[0], c), attn.gather(1, own)], dim=1)
+        logits, past = self._next_logits(ids.gather(1, own), layout, pos.gather(1, own), past)
+        return logits, past, layout
 
     def _uses_static_decode(self, device: torch.device) -> bool:
         """``decode=static`` always; ``auto`` on CUDA (where launch overhead bounds the dynamic loop)."""
@@ -300,7 +324,7 @@ class HFGenerationBackend(GenerationEngineBase):
     def _generate_chunk(self, prompts: list[list[int]], sp: SamplingParams) -> list[Sample]:
         device = next(self.model.parameters()).device
         ids, attn, pos = self._left_padded(prompts, device)
-        logits, past = self._encode_prompts(ids, attn, pos)
+        logits, past, attn = self._encode_prompts(ids, attn, pos)
         next_pos = pos[:, -1:] + 1
         if self._uses_static_decode(device):
             tokens, logps, _ = self._static.decode(

@@ -477,39 +477,64 @@ def test_activation_checkpointing_update_is_quiet_and_exact(tiny_model_path, set
 
 
 def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup, monkeypatch):
-    """The n samples of a request share one prompt encoding (its KV cache copied to each row): same
+    """The n samples of a request share one prompt encoding (its KV cache copied to each row), and
+    the opening all distinct prompts share (here the chat template's) is encoded once for all: same
     tokens and log-probs, under the same seed, as encoding every row's prompt on its own."""
+    import os
+
     _cfg, _tok, _policy, backend, prompts = setup
     requests = [GenerationRequest(p) for p in (*prompts, prompts[0])]  # a repeated request too
     sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
 
-    widths = []
+    calls = []
     next_logits = HFGenerationBackend._next_logits
 
     def spy(self, ids, attn, pos, past):
-        if past is None:
-            widths.append(ids.shape[0])
+        calls.append((tuple(ids.shape), past is None))
         return next_logits(self, ids, attn, pos, past)
 
     monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
     torch.manual_seed(3)
     shared = backend.generate(requests, sampling)
-    assert widths == [len(prompts)]  # 16 rows, 3 distinct prompts encoded
+    opening = min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1)
+    width = max(map(len, prompts))
+    assert opening > 0
+    # the opening once, then the 3 distinct prompts' own columns on its cache; 16 rows decode
+    assert calls[:3] == [((1, opening), True), ((len(prompts), width - opening), False), ((16, 1), False)]
 
     monkeypatch.setattr(
         HFGenerationBackend,
         "_encode_prompts",
-        lambda self, ids, attn, pos: spy(self, ids, attn, pos, None),
+        lambda self, ids, attn, pos: (*spy(self, ids, attn, pos, None), attn),
     )
+    calls.clear()
     torch.manual_seed(3)
     per_row = backend.generate(requests, sampling)
-    assert widths[-1] == 4 * len(requests)
+    assert calls[0] == ((4 * len(requests), width), True)
     a = [s for o in shared for s in o.samples]
     b = [s for o in per_row for s in o.samples]
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
     assert len({tuple(s.token_ids) for s in a}) > len(prompts)  # the rows did sample differently
     for x, y in zip(a, b):
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=1e-5, atol=1e-5)
+
+
+def test_prompts_that_open_differently_are_encoded_whole(setup, monkeypatch):
+    _cfg, tok, _policy, backend, _prompts = setup
+    prompts = [tok("alpha beta gamma")["input_ids"], tok("delta beta")["input_ids"]]
+    assert prompts[0][0] != prompts[1][0]
+    calls = []
+    next_logits = HFGenerationBackend._next_logits
+
+    def spy(self, ids, attn, pos, past):
+        calls.append((tuple(ids.shape), past is None))
+        return next_logits(self, ids, attn, pos, past)
+
+    monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
+    backend.generate(
+        [GenerationRequest(p) for p in prompts], SamplingParams(n=1, temperature=0.0, max_new_tokens=2)
+    )
+    assert calls[0] == ((2, max(map(len, prompts))), True)
 
 
 def test_every_registered_backend_implements_the_whole_engine_protocol():

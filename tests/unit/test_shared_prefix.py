@@ -132,3 +132,85 @@ def test_shuffled_mini_batches_keep_the_rows_of_a_prefix_together(tiny_cache, ti
     monkeypatch.setattr("nemo_azr.models.hf.policy.shared_prefix_decoder_forward", spy)
     policy.update(batch, UpdateContext(norm_length=16, generator=torch.Generator().manual_seed(3)))
     assert seen == [(8, 2, True), (1, 1, False)]
+
+
+def _common_start_batch(seed: int = 2, vocab: int = 60) -> Batch:
+    """The self-play layout: every prompt opens with the same 10 tokens (a system prompt and a
+    demonstration) and goes on with its own question, so no two rows share their leading columns
+    (left padding puts the opening at a different column in each) but all share the opening."""
+    g = torch.Generator().manual_seed(seed)
+    opening = torch.randint(5, vocab, (10,), generator=g).tolist()
+    prompts = [opening + torch.randint(5, vocab, (n,), generator=g).tolist() for n in (4, 9, 1, 6)]
+    responses = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (3, 5, 2, 4)]
+    t = pack_prompt_response(prompts, responses, None, pad_id=0)
+    mask = t[F.LOSS_MASK]
+    t[F.ADVANTAGES] = torch.randn(mask.shape, generator=g) * mask
+    t[F.OLD_LOGPROBS] = (-torch.rand(mask.shape, generator=g) - 2.0) * mask
+    return Batch(t, {F.UID: [f"r{i}" for i in range(len(prompts))]})
+
+
+def test_common_start_finds_the_opening_every_row_shares():
+    ids = torch.tensor([[0, 0, 7, 8, 9, 4, 0], [7, 8, 9, 5, 6, 0, 0], [0, 7, 8, 3, 1, 2, 0]])
+    attn = (ids > 0).long()
+    starts, c = sp.common_start(ids, attn)
+    assert starts.tolist() == [2, 0, 1] and c == 2  # 7 8; the third row goes on with 3
+    short = torch.tensor([[7, 8, 0], [7, 8, 9]])  # a row no longer than the opening keeps a token
+    assert sp.common_start(short, (short > 0).long())[1] == 1
+    gap = torch.tensor([[7, 0, 8], [7, 8, 9]])  # real tokens not one run: a layout it does not know
+    assert sp.common_start(gap, (gap > 0).long()) is None
+    differ = torch.tensor([[7, 8, 9], [6, 8, 9]])
+    assert sp.common_start(differ, (differ > 0).long()) is None
+
+
+def test_a_common_opening_runs_once_with_the_plain_forwards_results(tiny_cache, tiny_model_path, monkeypatch):
+    batch = _common_start_batch()
+    plain = _policy(tiny_cache, tiny_model_path)
+    shared = _policy(tiny_cache, tiny_model_path, "model.shared_prefix=true")
+    calls = []
+    decoder = getattr(shared.model, shared.model.base_model_prefix)
+    original = decoder.forward
+
+    @functools.wraps(original)
+    def counting(*args, **kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", counting)
+    real = batch[F.ATTENTION_MASK].bool()
+    h_plain, _ = plain._hidden_states(batch)
+    h_shared, _ = shared._hidden_states(batch)
+    torch.testing.assert_close(h_shared[real], h_plain[real], atol=2e-5, rtol=1e-5)
+    assert calls == [(1, 10), (4, batch.seq_len - 10)]  # the opening once, then every row's own columns
+    torch.testing.assert_close(
+        shared.compute_logprobs(batch), plain.compute_logprobs(batch), atol=2e-5, rtol=1e-5
+    )
+    n_tok = float(batch[F.LOSS_MASK].sum())
+    m_plain = plain.accumulate_gradients(batch, num_tokens=n_tok, norm_length=16)
+    m_shared = shared.accumulate_gradients(batch, num_tokens=n_tok, norm_length=16)
+    assert m_shared["actor/loss"] == pytest.approx(m_plain["actor/loss"], rel=1e-4, abs=1e-6)
+    for (name, p_plain), p in zip(plain.model.named_parameters(), shared.model.parameters()):
+        torch.testing.assert_close(p.grad, p_plain.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_layout_that_runs_fewer_columns_is_chosen(tiny_cache, tiny_model_path, monkeypatch):
+    """Rows grouped by a whole shared prompt (two prompts, three rows each) run it once per prompt
+    rather than only the opening the two prompts share."""
+    g = torch.Generator().manual_seed(4)
+    opening = torch.randint(5, 60, (3,), generator=g).tolist()
+    contexts = [opening + torch.randint(5, 60, (n,), generator=g).tolist() for n in (12, 10)]
+    prompts = [contexts[0]] * 3 + [contexts[1]] * 3
+    responses = [torch.randint(5, 60, (2,), generator=g).tolist() for _ in prompts]
+    batch = Batch(pack_prompt_response(prompts, responses, None, pad_id=0))
+    shared = _policy(tiny_cache, tiny_model_path, "model.shared_prefix=true")
+    calls = []
+    decoder = shared.model.model
+    original = decoder.forward
+
+    @functools.wraps(original)
+    def counting(*args, **kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", counting)
+    shared._hidden_states(batch)
+    assert calls == [(2, 15), (6, 2)]  # 2 prompts of 15 columns, not the 3-token opening
