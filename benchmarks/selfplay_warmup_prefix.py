@@ -12,8 +12,9 @@ both cases see the same model). The losses and the first micro-batch's gradients
 
 The rollout side is timed too: the hf generation backend sampling ``--samples`` replies of up to 48
 tokens (the experiment's ``solver_max_new_tokens``) to each of the batch's distinct solver prompts,
-with the opening they share encoded once (what the backend does) against each distinct prompt
-encoded whole, under the same seed (the sampled tokens are compared).
+as it was (each distinct prompt encoded whole, every row decoded until the longest reply ends), with
+the opening they share encoded once, and with ended rows also leaving the batch (the backend as it
+is), under the same seed (the sampled tokens are compared).
 
     .venv/bin/python benchmarks/selfplay_warmup_prefix.py [--reps 1] [--seeds 8]
 
@@ -86,12 +87,18 @@ class WholePromptBackend(HFGenerationBackend):
 
 
 def time_generation(model, tokenizer, prompts: list[list[int]], samples: int, reps: int) -> dict:
+    """Seconds per generate call (median over ``reps``) of three backends, in one process, interleaved:
+    ``before`` (each distinct prompt encoded whole, every row decoded to the longest reply's end),
+    ``common_start`` (the opening the prompts share encoded once) and ``common_start_pruned`` (the
+    backend as it is: also ended rows leave the batch)."""
     requests = [GenerationRequest(prompt_ids=p, request_id=i) for i, p in enumerate(prompts)]
     sampling = SamplingParams(n=samples, temperature=0.7, max_new_tokens=48)
     backends = {
+        "before": WholePromptBackend(model, tokenizer),
         "common_start": HFGenerationBackend(model, tokenizer),
-        "whole": WholePromptBackend(model, tokenizer),
+        "common_start_pruned": HFGenerationBackend(model, tokenizer),
     }
+    backends["before"].prune_ended_share = backends["common_start"].prune_ended_share = 2.0  # never
     times: dict[str, list[float]] = {n: [] for n in backends}
     tokens: dict[str, list] = {}
     for rep in range(reps + 1):
@@ -104,13 +111,16 @@ def time_generation(model, tokenizer, prompts: list[list[int]], samples: int, re
             if rep:
                 times[name].append(seconds)
             print(f"  generate {name}: {seconds:.1f} s", flush=True)
-    same = sum(a == b for a, b in zip(tokens["common_start"], tokens["whole"])) / len(tokens["whole"])
+    ref = tokens["before"]
+    lengths = [len(t) for t in ref]
     return {
         "median_s": {n: statistics.median(v) for n, v in times.items()},
-        "same_tokens_frac": same,
+        "same_tokens_frac": {n: sum(a == b for a, b in zip(tokens[n], ref)) / len(ref) for n in backends},
         "prompts": len(prompts),
         "samples": samples,
-        "generated_tokens": sum(map(len, tokens["whole"])),
+        "generated_tokens": sum(lengths),
+        "reply_len_mean": sum(lengths) / len(lengths),
+        "reply_at_max_frac": sum(n == sampling.max_new_tokens for n in lengths) / len(lengths),
     }
 
 
@@ -136,7 +146,15 @@ def main() -> None:
     parser.add_argument(
         "--samples", type=int, default=5, help="replies per solver prompt (generation.n_samples)"
     )
+    parser.add_argument(
+        "--rollout-only",
+        action="store_true",
+        help="time the rollout only; keep the warm-up numbers of the committed results",
+    )
     args = parser.parse_args()
+    previous = (
+        json.loads((RESULTS_DIR / "selfplay_warmup_prefix.json").read_text()) if args.rollout_only else None
+    )
 
     base = OmegaConf.to_object(compose_config(OVERRIDES))
     path = resolve_model_path(base.model.path, base.model.tiny)
@@ -149,7 +167,7 @@ def main() -> None:
         policies[name] = HFPolicy(path, cfg)
     times: dict[str, list[float]] = {n: [] for n in policies}
     losses: dict[str, float] = {}
-    for rep in range(args.reps + 1):  # rep 0 warms up: not counted
+    for rep in range(0 if previous else args.reps + 1):  # rep 0 warms up: not counted
         for name, policy in policies.items():
             optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.0)
             start = time.perf_counter()
@@ -158,11 +176,15 @@ def main() -> None:
             if rep:
                 times[name].append(seconds)
             print(f"  {name}: warm-up step {seconds:.1f} s, loss {losses[name]:.6f}", flush=True)
-    grads = {n: first_micro_batch_grads(p, batch) for n, p in policies.items()}
-    grad_diff = max(float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["shared_prefix"]))
-    grad_scale = max(float(a.abs().max()) for a in grads["plain"])
+    if previous:
+        med, losses = previous["median_s"], previous["loss"]
+        grad_diff, grad_scale = previous["grad_max_abs_diff"], previous["grad_max_abs"]
+    else:
+        grads = {n: first_micro_batch_grads(p, batch) for n, p in policies.items()}
+        grad_diff = max(float((a - b).abs().max()) for a, b in zip(grads["plain"], grads["shared_prefix"]))
+        grad_scale = max(float(a.abs().max()) for a in grads["plain"])
+        med = {n: statistics.median(v) for n, v in times.items()}
     gen = time_generation(policies["plain"].model, tokenizer, solver, args.samples, args.reps)
-    med = {n: statistics.median(v) for n, v in times.items()}
     real = batch[F.ATTENTION_MASK]
     out = {
         "meta": {
@@ -186,6 +208,8 @@ def main() -> None:
         "grad_max_abs_diff": grad_diff,
         "grad_max_abs": grad_scale,
         "generate": gen,
+        # the warm-up's machine and date, kept with its numbers when only the rollout was timed
+        "warmup_measured": (previous.get("warmup_measured") or previous["meta"]) if previous else None,
     }
     gm = gen["median_s"]
     m = out["meta"]
@@ -209,14 +233,31 @@ def main() -> None:
         f"difference on the first micro-batch (8 rows, summed NLL): {grad_diff:.2e}, against a largest "
         f"gradient of {grad_scale:.2e} (fp32).",
         "",
+        *(
+            [
+                f"The warm-up numbers above are from the run of {out['warmup_measured']['date']}; the rollout's below from this one.",
+                "",
+            ]
+            if out["warmup_measured"]
+            else []
+        ),
         f"Rollout (hf backend, float32, {gen['samples']} replies of up to 48 tokens at temperature 0.7 to each "
-        f"of the batch's {gen['prompts']} distinct solver prompts, {gen['generated_tokens']} tokens generated):",
+        f"of the batch's {gen['prompts']} distinct solver prompts by the untrained model: {gen['generated_tokens']} "
+        f"tokens, {gen['reply_len_mean']:.1f} a reply, {100 * gen['reply_at_max_frac']:.0f}% of the replies cut "
+        "at 48):",
         "",
-        "| pass | each prompt whole s | common opening once s | speed-up |",
+        "| generate | seconds | speed-up | same tokens as before |",
         "| --- | --- | --- | --- |",
-        f"| generate | {gm['whole']:.1f} | {gm['common_start']:.1f} | {gm['whole'] / gm['common_start']:.2f}x |",
+        *[
+            f"| {label} | {gm[key]:.1f} | {gm['before'] / gm[key]:.2f}x | {100 * gen['same_tokens_frac'][key]:.0f}% |"
+            for key, label in (
+                ("before", "before: each prompt whole, every row to the end"),
+                ("common_start", "the shared opening once"),
+                ("common_start_pruned", "the shared opening once, ended rows leave the batch"),
+            )
+        ],
         "",
-        f"Same seed, same sampled tokens in {100 * gen['same_tokens_frac']:.0f}% of the replies.",
+        "Same seed for every case; a reply that differs does so by a sampling flip at fp32 rounding.",
         "",
     ]
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

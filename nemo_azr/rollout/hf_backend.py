@@ -20,8 +20,11 @@ from nemo_azr.rollout.static_decode import DECODE_MODES, StaticDecoder, static_d
 from nemo_azr.utils.precision import resolve_low_precision
 
 
-def _sample(logits: torch.Tensor, sp: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row from logits[B, V] and its log-prob under the temperature-scaled policy."""
+def _sample(
+    logits: torch.Tensor, sp: SamplingParams, u: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from logits[B, V] and its log-prob under the temperature-scaled policy;
+    ``u`` ``[B, 1]`` in (0, 1]: the rows' uniforms (drawn here when not given)."""
     if sp.greedy:
         all_logp = logits.log_softmax(-1)
         tok = logits.argmax(-1)
@@ -31,11 +34,16 @@ def _sample(logits: torch.Tensor, sp: SamplingParams) -> tuple[torch.Tensor, tor
             probs = _filter_logits(all_logp, sp.top_k, sp.top_p).softmax(-1)
         else:
             probs = all_logp.exp()
-        tok = _inverse_cdf_sample(probs)
+        tok = _inverse_cdf_sample(probs, u)
     return tok, all_logp.gather(-1, tok[:, None])[:, 0]
 
 
-def _inverse_cdf_sample(probs: torch.Tensor) -> torch.Tensor:
+def _uniforms(rows: int, device: torch.device) -> torch.Tensor:
+    """``[rows, 1]`` uniforms in (0, 1], one per row: what :func:`_inverse_cdf_sample` draws."""
+    return 1.0 - torch.rand((rows, 1), device=device, dtype=torch.float32)
+
+
+def _inverse_cdf_sample(probs: torch.Tensor, u: torch.Tensor | None = None) -> torch.Tensor:
     """Sample index per row of probs[B, V] with one uniform per row (cumsum + searchsorted).
 
     ``torch.multinomial`` draws an exponential variate per vocabulary entry, which dominated
@@ -43,7 +51,7 @@ def _inverse_cdf_sample(probs: torch.Tensor) -> torch.Tensor:
     lands on a zero-probability entry.
     """
     cdf = probs.cumsum(-1)
-    u = 1.0 - torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype)
+    u = (_uniforms(probs.shape[0], probs.device) if u is None else u).to(cdf.dtype)
     idx = torch.searchsorted(cdf, u * cdf[:, -1:], side="left")[:, 0]
     return idx.clamp(max=probs.shape[-1] - 1)
 
@@ -77,6 +85,9 @@ GENERATION_BUDGET_BYTES = 4 * 1024**3
 @GENERATION_BACKENDS.register("hf")
 class HFGenerationBackend(GenerationEngineBase):
     """Owns its own copy of the model (like a separate inference engine); ``sync_weights`` refreshes it."""
+
+    # the dynamic loop drops ended rows once they are this share of the rows it decodes (above 1: never)
+    prune_ended_share: float = 0.25
 
     def __init__(
         self,
@@ -273,8 +284,8 @@ class HFGenerationBackend(GenerationEngineBase):
         The ``n`` samples of a request (and the confidences of one RLCR answer) share their prompt:
         it runs through the model once and its keys and values are copied to its rows, instead of
         encoding hundreds of identical tokens ``n`` times (the prompt dominates short replies).
-        Distinct prompts that open alike (self-play's system prompt and demonstration before each
-        question, or each turn's whole conversation so far) share that opening the same way
+        Distinct prompts that open alike for ``MIN_COMMON_START`` tokens or more (self-play's system
+        prompt and demonstration before each question) share that opening the same way
         (``_encode_distinct``). The cache's columns may then be in another order than ``attn``'s: the
         mask returned is the one decoding continues with.
         """
@@ -344,25 +355,39 @@ class HFGenerationBackend(GenerationEngineBase):
     def _decode_dynamic(
         self, logits, past, attn, next_pos, sp: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The plain loop: the cache grows by one column per token, the host checks every token."""
+        """The plain loop: the cache grows by one column per token, the host checks every token.
+
+        Rows that have ended leave the batch once they are ``prune_ended_share`` of it (their cache
+        rows are dropped), so short replies stop paying for the longest one's steps. Every step still draws
+        one uniform per row of the whole batch and hands each decoded row its own, so the tokens are
+        the ones the full batch would sample under the same seed.
+        """
         b, device = attn.shape[0], attn.device
         tokens = torch.full((b, sp.max_new_tokens), self.pad_id, dtype=torch.long, device=device)
         logps = torch.zeros((b, sp.max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(b, dtype=torch.bool, device=device)
+        rows = torch.arange(b, device=device)  # the batch row of each row still decoded
         stop_rows = self._stop_rows(sp)
         for t in range(sp.max_new_tokens):
-            tok, logp = _sample(logits, sp)
-            tok = tok.masked_fill(done, self.pad_id)
-            tokens[:, t] = tok
-            logps[:, t] = logp.masked_fill(done, 0.0)
-            done |= tok == self.eos_id
+            u = None if sp.greedy else _uniforms(b, device)[rows]
+            tok, logp = _sample(logits, sp, u)
+            ended = done[rows]
+            tok = tok.masked_fill(ended, self.pad_id)
+            tokens[rows, t] = tok
+            logps[rows, t] = logp.masked_fill(ended, 0.0)
+            done[rows] = ended | (tok == self.eos_id)
             if stop_rows is not None:
-                ended = stop_rows(tokens[:, : t + 1], done)
-                if ended:
-                    done[torch.tensor(ended, device=device)] = True
+                stopped = stop_rows(tokens[:, : t + 1], done)
+                if stopped:
+                    done[torch.tensor(stopped, device=device)] = True
             if bool(done.all()) or t + 1 == sp.max_new_tokens:
                 break
-            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=1)
+            going = ~done[rows]
+            if int((~going).sum()) >= self.prune_ended_share * len(rows):  # drop the ended rows
+                keep = going.nonzero(as_tuple=True)[0]
+                past.batch_select_indices(keep)
+                rows, attn, next_pos, tok = rows[keep], attn[keep], next_pos[keep], tok[keep]
+            attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
             logits, past = self._next_logits(tok[:, None], attn, next_pos, past)
             next_pos = next_pos + 1
         return tokens, logps

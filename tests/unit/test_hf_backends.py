@@ -18,6 +18,7 @@ from nemo_azr.contracts.policy import Policy
 from nemo_azr.contracts.update import UpdateContext
 from nemo_azr.models.hf.policy import HFPolicy
 from nemo_azr.models.tiny import load_tokenizer
+from nemo_azr.models.training.shared_prefix import MIN_COMMON_START
 from nemo_azr.rollout.hf_backend import HFGenerationBackend
 from nemo_azr.rollout.single_turn import encode_prompt
 
@@ -478,11 +479,18 @@ def test_activation_checkpointing_update_is_quiet_and_exact(tiny_model_path, set
 
 def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup, monkeypatch):
     """The n samples of a request share one prompt encoding (its KV cache copied to each row), and
-    the opening all distinct prompts share (here the chat template's) is encoded once for all: same
+    the opening all distinct prompts share (here a system message) is encoded once for all: same
     tokens and log-probs, under the same seed, as encoding every row's prompt on its own."""
     import os
 
-    _cfg, _tok, _policy, backend, prompts = setup
+    _cfg, tok, _policy, backend, _prompts = setup
+    system = {
+        "role": "system",
+        "content": "You are a careful assistant. Read the question, then answer it with one number and stop.",
+    }
+    prompts = [
+        encode_prompt(tok, [system, {"role": "user", "content": q}]) for q in ("1 + 2?", "Hi", "7 + 8?")
+    ]
     requests = [GenerationRequest(p) for p in (*prompts, prompts[0])]  # a repeated request too
     sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
 
@@ -498,7 +506,7 @@ def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup,
     shared = backend.generate(requests, sampling)
     opening = min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1)
     width = max(map(len, prompts))
-    assert opening > 0
+    assert opening >= MIN_COMMON_START
     # the opening once, then the 3 distinct prompts' own columns on its cache; 16 rows decode
     assert calls[:3] == [((1, opening), True), ((len(prompts), width - opening), False), ((16, 1), False)]
 
@@ -519,10 +527,54 @@ def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup,
         torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=1e-5, atol=1e-5)
 
 
-def test_prompts_that_open_differently_are_encoded_whole(setup, monkeypatch):
-    _cfg, tok, _policy, backend, _prompts = setup
-    prompts = [tok("alpha beta gamma")["input_ids"], tok("delta beta")["input_ids"]]
-    assert prompts[0][0] != prompts[1][0]
+def test_ended_rows_leave_the_batch_and_the_rest_sample_as_in_the_full_batch(setup, monkeypatch):
+    """The dynamic loop drops rows that have ended (a stop string here) and decodes the rest on a
+    smaller batch: same tokens under the same seed as keeping every row to the end, log-probs equal
+    to fp32 tolerance."""
+    _cfg, _tok, _policy, backend, prompts = setup
+    requests = [GenerationRequest(p) for p in prompts]
+    sampling = SamplingParams(n=8, temperature=1.0, max_new_tokens=12, stop_strings=["e"])
+    widths = []
+    next_logits = HFGenerationBackend._next_logits
+
+    def spy(self, ids, attn, pos, past):
+        widths.append(tuple(ids.shape))
+        return next_logits(self, ids, attn, pos, past)
+
+    monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
+    outputs = {}
+    for share in (0.25, 2.0):  # 2.0: never drop a row (the full batch to the end)
+        monkeypatch.setattr(backend, "prune_ended_share", share)
+        widths.clear()
+        torch.manual_seed(5)
+        outputs[share] = [s for o in backend.generate(requests, sampling) for s in o.samples]
+        if share < 1:
+            decode_widths = [rows for rows, cols in widths if cols == 1]  # one token a row: decoding
+            assert decode_widths[0] == 24 and min(decode_widths) < 24  # rows did leave the batch
+            assert decode_widths == sorted(decode_widths, reverse=True)
+    pruned, full = outputs[0.25], outputs[2.0]
+    lengths = {len(s.token_ids) for s in full}
+    assert len(lengths) > 2  # the rows ended at different steps
+    assert [s.token_ids for s in pruned] == [s.token_ids for s in full]
+    assert [s.finish_reason for s in pruned] == [s.finish_reason for s in full]
+    for x, y in zip(pruned, full):
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shared", ["none", "short"])
+def test_prompts_that_open_differently_or_alike_for_a_few_tokens_are_encoded_whole(
+    setup, monkeypatch, shared
+):
+    """A short common opening (the chat template's few tokens) is not worth its own call."""
+    _cfg, tok, _policy, backend, chat_prompts = setup
+    if shared == "none":
+        prompts = [tok("alpha beta gamma")["input_ids"], tok("delta beta")["input_ids"]]
+        assert prompts[0][0] != prompts[1][0]
+    else:
+        import os
+
+        prompts = chat_prompts
+        assert 0 < len(os.path.commonprefix(prompts)) < MIN_COMMON_START
     calls = []
     next_logits = HFGenerationBackend._next_logits
 
@@ -534,7 +586,7 @@ def test_prompts_that_open_differently_are_encoded_whole(setup, monkeypatch):
     backend.generate(
         [GenerationRequest(p) for p in prompts], SamplingParams(n=1, temperature=0.0, max_new_tokens=2)
     )
-    assert calls[0] == ((2, max(map(len, prompts))), True)
+    assert calls[0] == ((len(prompts), max(map(len, prompts))), True)
 
 
 def test_every_registered_backend_implements_the_whole_engine_protocol():

@@ -135,11 +135,11 @@ def test_shuffled_mini_batches_keep_the_rows_of_a_prefix_together(tiny_cache, ti
 
 
 def _common_start_batch(seed: int = 2, vocab: int = 60) -> Batch:
-    """The self-play layout: every prompt opens with the same 10 tokens (a system prompt and a
+    """The self-play layout: every prompt opens with the same 40 tokens (a system prompt and a
     demonstration) and goes on with its own question, so no two rows share their leading columns
     (left padding puts the opening at a different column in each) but all share the opening."""
     g = torch.Generator().manual_seed(seed)
-    opening = torch.randint(5, vocab, (10,), generator=g).tolist()
+    opening = torch.randint(5, vocab, (40,), generator=g).tolist()
     prompts = [opening + torch.randint(5, vocab, (n,), generator=g).tolist() for n in (4, 9, 1, 6)]
     responses = [torch.randint(5, vocab, (n,), generator=g).tolist() for n in (3, 5, 2, 4)]
     t = pack_prompt_response(prompts, responses, None, pad_id=0)
@@ -152,14 +152,16 @@ def _common_start_batch(seed: int = 2, vocab: int = 60) -> Batch:
 def test_common_start_finds_the_opening_every_row_shares():
     ids = torch.tensor([[0, 0, 7, 8, 9, 4, 0], [7, 8, 9, 5, 6, 0, 0], [0, 7, 8, 3, 1, 2, 0]])
     attn = (ids > 0).long()
-    starts, c = sp.common_start(ids, attn)
+    starts, c = sp.common_start(ids, attn, min_tokens=1)
     assert starts.tolist() == [2, 0, 1] and c == 2  # 7 8; the third row goes on with 3
+    assert sp.common_start(ids, attn) is None  # 2 tokens: below MIN_COMMON_START, not worth a call
+    assert sp.common_start(ids, attn, min_tokens=3) is None and sp.common_start(ids, attn, min_tokens=2)
     short = torch.tensor([[7, 8, 0], [7, 8, 9]])  # a row no longer than the opening keeps a token
-    assert sp.common_start(short, (short > 0).long())[1] == 1
+    assert sp.common_start(short, (short > 0).long(), min_tokens=1)[1] == 1
     gap = torch.tensor([[7, 0, 8], [7, 8, 9]])  # real tokens not one run: a layout it does not know
-    assert sp.common_start(gap, (gap > 0).long()) is None
+    assert sp.common_start(gap, (gap > 0).long(), min_tokens=1) is None
     differ = torch.tensor([[7, 8, 9], [6, 8, 9]])
-    assert sp.common_start(differ, (differ > 0).long()) is None
+    assert sp.common_start(differ, (differ > 0).long(), min_tokens=1) is None
 
 
 def test_a_common_opening_runs_once_with_the_plain_forwards_results(tiny_cache, tiny_model_path, monkeypatch):
@@ -180,7 +182,7 @@ def test_a_common_opening_runs_once_with_the_plain_forwards_results(tiny_cache, 
     h_plain, _ = plain._hidden_states(batch)
     h_shared, _ = shared._hidden_states(batch)
     torch.testing.assert_close(h_shared[real], h_plain[real], atol=2e-5, rtol=1e-5)
-    assert calls == [(1, 10), (4, batch.seq_len - 10)]  # the opening once, then every row's own columns
+    assert calls == [(1, 40), (4, batch.seq_len - 40)]  # the opening once, then every row's own columns
     torch.testing.assert_close(
         shared.compute_logprobs(batch), plain.compute_logprobs(batch), atol=2e-5, rtol=1e-5
     )
@@ -196,7 +198,7 @@ def test_the_layout_that_runs_fewer_columns_is_chosen(tiny_cache, tiny_model_pat
     """Rows grouped by a whole shared prompt (two prompts, three rows each) run it once per prompt
     rather than only the opening the two prompts share."""
     g = torch.Generator().manual_seed(4)
-    opening = torch.randint(5, 60, (3,), generator=g).tolist()
+    opening = torch.randint(5, 60, (33,), generator=g).tolist()
     contexts = [opening + torch.randint(5, 60, (n,), generator=g).tolist() for n in (12, 10)]
     prompts = [contexts[0]] * 3 + [contexts[1]] * 3
     responses = [torch.randint(5, 60, (2,), generator=g).tolist() for _ in prompts]
@@ -213,4 +215,4 @@ def test_the_layout_that_runs_fewer_columns_is_chosen(tiny_cache, tiny_model_pat
 
     monkeypatch.setattr(decoder, "forward", counting)
     shared._hidden_states(batch)
-    assert calls == [(2, 15), (6, 2)]  # 2 prompts of 15 columns, not the 3-token opening
+    assert calls == [(2, 45), (6, 2)]  # 2 prompts of 45 columns, not the 33-token opening
