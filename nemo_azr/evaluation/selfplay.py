@@ -172,9 +172,20 @@ class SelfPlayEval:
         per_task = 1 if self.cfg.eval.greedy else self.cfg.eval.answers_per_prompt
         tasks = [t for t in self._tasks() for _ in range(per_task)]
         self._seed_everything(0)
+        turns = az.max_env_steps
+        print(f"eval: solving {len(tasks)} held-out tasks, up to {turns} turns each", flush=True)
         begin = time.perf_counter()
+
+        def on_turn(turn: int, played: int, going: int) -> None:
+            elapsed = time.perf_counter() - begin
+            print(
+                f"eval: solver turn {turn}/{turns}: {played} episodes played it, {going} still going, "
+                f"{elapsed:.0f} s elapsed",
+                flush=True,
+            )
+
         episodes, scores = self.workflow.solve_tasks(
-            tasks, self.backend, self._sampling(greedy=self.cfg.eval.greedy)
+            tasks, self.backend, self._sampling(greedy=self.cfg.eval.greedy), on_turn=on_turn
         )
         self.seconds += time.perf_counter() - begin
         records = []
@@ -210,6 +221,11 @@ class SelfPlayEval:
         seeds = [s for s in self._subset(list(self.domain.heldout_seeds())) for _ in range(per_seed)]
         self._seed_everything(1)
         rng = random.Random(self.cfg.seed + EVAL_SEED_SALT)
+        print(
+            f"eval: {len(seeds)} proposals for held-out seeds, each question solved "
+            f"{self.cfg.generation.n_samples} times",
+            flush=True,
+        )
         begin = time.perf_counter()
         groups = self.workflow.propose_and_solve(
             seeds,

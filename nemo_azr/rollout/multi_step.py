@@ -129,8 +129,12 @@ def run_episodes(
     max_steps: int,
     step_timeout_s: float = 0.0,
     max_total_tokens: int = 0,
+    on_turn: Callable[[int, int, int], None] | None = None,
 ) -> list[Episode]:
-    """Advance all ``episodes`` together until each is done or has had ``max_steps`` turns."""
+    """Advance all ``episodes`` together until each is done or has had ``max_steps`` turns.
+
+    ``on_turn(turn, played, going)`` after each turn (1-based): episodes that played it, and those
+    still going (a long evaluation's progress line)."""
     sampling = replace(sampling, n=1)
     limit = max_total_tokens or 0
     for turn in range(max_steps):
@@ -170,6 +174,8 @@ def run_episodes(
                 ep.response_ids += obs
                 ep.response_logprobs += [0.0] * len(obs)
                 ep.response_mask += [0] * len(obs)
+        if on_turn is not None:
+            on_turn(turn + 1, len(active), sum(not ep.done for ep in episodes))
     for ep in episodes:
         if not ep.done:
             _end(ep, END_MAX_STEPS)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -282,9 +282,15 @@ class AbsoluteZeroWorkflow:
         return groups
 
     def solve_tasks(
-        self, configs: list[dict], backend: GenerationBackend, sampling: SamplingParams
+        self,
+        configs: list[dict],
+        backend: GenerationBackend,
+        sampling: SamplingParams,
+        *,
+        on_turn: Callable[[int, int, int], None] | None = None,
     ) -> tuple[list[Episode], EpisodeScores]:
-        """One episode per task config (all advance together), evaluated and scored."""
+        """One episode per task config (all advance together), evaluated and scored; ``on_turn`` as
+        :func:`run_episodes` takes it."""
         episodes = start_episodes(
             configs,
             self.domain.make_env,
@@ -303,6 +309,7 @@ class AbsoluteZeroWorkflow:
             max_steps=self.az.max_env_steps,
             step_timeout_s=self.az.env_step_timeout_s,
             max_total_tokens=getattr(self.tokenizer, "model_max_length", 0) or 0,
+            on_turn=on_turn,
         )
         scores = score_episodes(
             [evaluate_episode(ep) for ep in episodes],

@@ -87,7 +87,11 @@ def test_azr_sandbox_20_steps_then_plot(tiny_cache, tmp_path, capsys):
     parsed = [r for r in proposals if r["parsed"]]
     assert metrics["proposer"]["parse_rate"] == pytest.approx(len(parsed) / 12, abs=1e-4)
     assert all(len(r["learnable"]) == 3 for r in parsed)
-    assert "harm_reward=" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "harm_reward=" in printed
+    # progress while it runs: the solver part turn by turn, then the proposer part's size
+    assert "eval: solving 12 held-out tasks" in printed and "eval: solver turn 1/" in printed
+    assert "eval: 12 proposals for held-out seeds" in printed
     # the proposer part alone, its questions solved by a fixed model (the trained step): the same
     # proposals as above (same checkpoint, same seed), judged by another solver
     fixed = out / "checkpoints" / f"step_{STEPS}"

@@ -92,7 +92,10 @@ def _code_cfg(tiny_cache, tmp_path, *extra):
 
 
 def test_hostile_solver_code_is_contained_and_training_continues(tiny_cache, tmp_path):
-    cfg = _code_cfg(tiny_cache, tmp_path)
+    # A wall limit no start-up reaches on a loaded machine: a hostile program cut off by the clock
+    # before its forbidden call would end as a timeout, not as the violation this test counts (none of
+    # them loops, so the limit costs no time)
+    cfg = _code_cfg(tiny_cache, tmp_path, "absolute_zero.python_exec.limits.wall_time_s=30")
     trainer = Trainer(cfg)
     trainer.backend = backend = HostileBackend(trainer.tokenizer)
     before = {k: v.detach().clone() for k, v in trainer.policy.model.named_parameters()}

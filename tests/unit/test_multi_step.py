@@ -108,3 +108,19 @@ def test_context_limit_ends_episodes(tokenizer):
     )
     # after a length-truncated turn the inserted text closes the turn itself (eos is not a model token)
     assert sum(ep.response_mask) == 20 * ep.num_turns
+
+
+def test_each_turn_reports_who_played_and_who_goes_on(tokenizer):
+    """on_turn(turn, played, going): the progress a long evaluation prints after every turn."""
+    episodes = start_episodes([{"kind": k} for k in ("done", "never", "raise")], BehaviourEnv, tokenizer)
+    seen = []
+    run_episodes(
+        episodes,
+        ScriptedBackend(tokenizer, {}),
+        SamplingParams(max_new_tokens=4),
+        tokenizer,
+        max_steps=3,
+        on_turn=lambda *args: seen.append(args),
+    )
+    # turn 1: all three play, raise ends; turn 2: done ends; turn 3: never runs out of turns
+    assert seen == [(1, 3, 2), (2, 2, 1), (3, 1, 0)]
