@@ -477,6 +477,20 @@ def test_activation_checkpointing_update_is_quiet_and_exact(tiny_model_path, set
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
 
+def _record_next_logits(monkeypatch):
+    """``(calls, spy)``: every ``_next_logits`` call's ``((rows, columns), without a cache)``, recorded
+    by ``spy``, which stands in for the method from now on."""
+    calls = []
+    next_logits = HFGenerationBackend._next_logits
+
+    def spy(self, ids, attn, pos, past):
+        calls.append((tuple(ids.shape), past is None))
+        return next_logits(self, ids, attn, pos, past)
+
+    monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
+    return calls, spy
+
+
 def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup, monkeypatch):
     """The n samples of a request share one prompt encoding (its KV cache copied to each row), and
     the opening all distinct prompts share (here a system message) is encoded once for all: same
@@ -494,14 +508,7 @@ def test_shared_prompts_are_encoded_once_and_sample_as_if_encoded_per_row(setup,
     requests = [GenerationRequest(p) for p in (*prompts, prompts[0])]  # a repeated request too
     sampling = SamplingParams(n=4, temperature=1.0, max_new_tokens=8)
 
-    calls = []
-    next_logits = HFGenerationBackend._next_logits
-
-    def spy(self, ids, attn, pos, past):
-        calls.append((tuple(ids.shape), past is None))
-        return next_logits(self, ids, attn, pos, past)
-
-    monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
+    calls, spy = _record_next_logits(monkeypatch)
     torch.manual_seed(3)
     shared = backend.generate(requests, sampling)
     opening = min(len(os.path.commonprefix(prompts)), min(map(len, prompts)) - 1)
@@ -575,14 +582,7 @@ def test_prompts_that_open_differently_or_alike_for_a_few_tokens_are_encoded_who
 
         prompts = chat_prompts
         assert 0 < len(os.path.commonprefix(prompts)) < MIN_COMMON_START
-    calls = []
-    next_logits = HFGenerationBackend._next_logits
-
-    def spy(self, ids, attn, pos, past):
-        calls.append((tuple(ids.shape), past is None))
-        return next_logits(self, ids, attn, pos, past)
-
-    monkeypatch.setattr(HFGenerationBackend, "_next_logits", spy)
+    calls, _ = _record_next_logits(monkeypatch)
     backend.generate(
         [GenerationRequest(p) for p in prompts], SamplingParams(n=1, temperature=0.0, max_new_tokens=2)
     )

@@ -40,6 +40,21 @@ def _policy(tiny_cache, tiny_model_path, *overrides) -> HFPolicy:
     return HFPolicy(tiny_model_path, cfg)
 
 
+def _count_decoder_calls(policy: HFPolicy, monkeypatch) -> list[tuple[int, int]]:
+    """The ``input_ids`` shape of every call of ``policy``'s decoder, recorded as they happen."""
+    calls = []
+    decoder = getattr(policy.model, policy.model.base_model_prefix)
+    original = decoder.forward
+
+    @functools.wraps(original)  # keeps the signature the cache keyword is read from
+    def counting(*args, **kwargs):
+        calls.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(decoder, "forward", counting)
+    return calls
+
+
 def test_prefix_width_is_the_first_trained_column():
     mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]])
     assert sp.shared_prefix_width(mask, 5) == 3  # row 2 trains nothing: it does not constrain
@@ -53,16 +68,7 @@ def test_hidden_states_equal_the_plain_forward_and_prefixes_run_once(
     batch = _batch()
     plain = _policy(tiny_cache, tiny_model_path)
     shared = _policy(tiny_cache, tiny_model_path, "model.shared_prefix=true")
-    calls = []
-    decoder = getattr(shared.model, shared.model.base_model_prefix)
-    original = decoder.forward
-
-    @functools.wraps(original)  # keeps the signature the cache keyword is read from
-    def counting(*args, **kwargs):
-        calls.append(tuple(kwargs["input_ids"].shape))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", counting)
+    calls = _count_decoder_calls(shared, monkeypatch)
     real = batch[F.ATTENTION_MASK].bool()
     h_plain, _ = plain._hidden_states(batch)
     h_shared, _ = shared._hidden_states(batch)
@@ -168,16 +174,7 @@ def test_a_common_opening_runs_once_with_the_plain_forwards_results(tiny_cache, 
     batch = _common_start_batch()
     plain = _policy(tiny_cache, tiny_model_path)
     shared = _policy(tiny_cache, tiny_model_path, "model.shared_prefix=true")
-    calls = []
-    decoder = getattr(shared.model, shared.model.base_model_prefix)
-    original = decoder.forward
-
-    @functools.wraps(original)
-    def counting(*args, **kwargs):
-        calls.append(tuple(kwargs["input_ids"].shape))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", counting)
+    calls = _count_decoder_calls(shared, monkeypatch)
     real = batch[F.ATTENTION_MASK].bool()
     h_plain, _ = plain._hidden_states(batch)
     h_shared, _ = shared._hidden_states(batch)
@@ -204,15 +201,6 @@ def test_the_layout_that_runs_fewer_columns_is_chosen(tiny_cache, tiny_model_pat
     responses = [torch.randint(5, 60, (2,), generator=g).tolist() for _ in prompts]
     batch = Batch(pack_prompt_response(prompts, responses, None, pad_id=0))
     shared = _policy(tiny_cache, tiny_model_path, "model.shared_prefix=true")
-    calls = []
-    decoder = shared.model.model
-    original = decoder.forward
-
-    @functools.wraps(original)
-    def counting(*args, **kwargs):
-        calls.append(tuple(kwargs["input_ids"].shape))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(decoder, "forward", counting)
+    calls = _count_decoder_calls(shared, monkeypatch)
     shared._hidden_states(batch)
     assert calls == [(2, 45), (6, 2)]  # 2 prompts of 45 columns, not the 33-token opening
