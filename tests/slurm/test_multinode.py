@@ -166,7 +166,10 @@ def _wait_for_lost_line(job: str, logs, count: int, since: float) -> float:
 def _wait_for_resume(out, job: str, logs, restart: int, steps: int) -> None:
     """Until the job's ``restart``-th start has resumed and logged ``steps`` training steps in all."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
-    while f"job {job} restart {restart}" not in job_log(job, logs) or metric_lines(out / "metrics.jsonl") < steps:
+    while (
+        f"job {job} restart {restart}" not in job_log(job, logs)
+        or metric_lines(out / "metrics.jsonl") < steps
+    ):
         assert time.monotonic() < deadline and queued([job]), job_log(job, logs)
         time.sleep(0.5)
 
