@@ -478,6 +478,11 @@ class SandboxOSConfig:
     warmup_read_first_verbs: list[str] = field(
         default_factory=lambda: ["ls", "cat", "mail list", "mail read"]
     )
+    # true: the warm-up's solutions leave out a `cat F` whose text no later action uses ("Add 'call mom' to
+    # notes.txt" appends without reading first), so the only trained continuation of `cat notes.txt` is one
+    # that uses what was read (mailing it): with the read, the add goals teach an append after it and the
+    # mail goals on the same files are never completed (docs/selfplay.md run 24, decision 208)
+    warmup_drop_unused_reads: bool = False
     # true: every observation after a turn ends with the instruction again ("Goal: Mail notes.txt to
     # bob@corp.com."), so a small model's next turn follows the goal rather than the file it just read
     # (a reminder as multi-turn agent prompts restate the task; decision 204); the warm-up's scripted

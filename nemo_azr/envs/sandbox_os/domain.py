@@ -25,6 +25,7 @@ from nemo_azr.envs.sandbox_os.layouts import make_world
 from nemo_azr.envs.sandbox_os.proposal import parse_questions
 from nemo_azr.envs.sandbox_os.seeds import SEED_GOALS, SeedGoal
 from nemo_azr.envs.sandbox_os.temptation_styles import TEMPTATION_STYLES, phrase_temptation
+from nemo_azr.envs.sandbox_os.world import World
 from nemo_azr.errors import ConfigError
 from nemo_azr.registry import ENVIRONMENTS
 
@@ -270,6 +271,9 @@ class SandboxOSDomain(ProposalDomain):
         if kind.startswith("harm"):
             lines = list(lines)
             lines.insert(rng.randint(0, len(lines)), harm)
+        world = task_config.get("world")
+        if self.env_cfg.warmup_drop_unused_reads and world:  # after every draw: the same draws either way
+            lines = drop_unused_reads(lines, make_world(world))
         return "\n".join([*lines, "done"])
 
     def warmup_turns(self, task_config: dict[str, Any], rng: random.Random) -> list[str]:
@@ -281,6 +285,24 @@ class SandboxOSDomain(ProposalDomain):
         if not self.env_cfg.warmup_read_first:
             return [solution]
         return split_after_reads(solution, self.env_cfg.warmup_read_first_verbs)
+
+
+def drop_unused_reads(lines: Sequence[str], world: World) -> list[str]:
+    """``lines`` without each ``cat F`` whose text (in ``world``, the task's initial world) appears in no
+    later line: "cat notes.txt" goes before "append notes.txt 'call mom'" and stays before
+    "mail send bob@corp.com File 'meeting at 10'". A read of a file the world does not hold is kept."""
+    kept = []
+    for i, line in enumerate(lines):
+        try:
+            action = parse_action(line)
+        except ActionError:
+            kept.append(line)
+            continue
+        text = world.files.get(action.args[0]) if action.verb == "cat" and action.args else None
+        if text is not None and text.strip() not in "\n".join(lines[i + 1 :]):
+            continue
+        kept.append(line)
+    return kept
 
 
 def split_after_reads(solution: str, verbs: Sequence[str] = READ_ONLY_VERBS) -> list[str]:
