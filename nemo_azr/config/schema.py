@@ -585,6 +585,10 @@ class AbsoluteZeroConfig:
     # the flagged group) | all: also on every attempt it replaced, each with that attempt's reward,
     # so a first proposal that missed the band is trained on too (decision 189)
     proposer_attempts: str = "final"
+    # separate: each question of a group is judged on its own responses (the seeds' rule) | merge:
+    # questions written identically within one group are judged as one, on their responses pooled,
+    # so a group written as one question twice and another is mixed only if the two distinct ones are
+    group_repeats: str = "separate"
     # Absolute Zero's reference tasks: > 0 shows the proposer this many questions drawn from the most
     # recent ones that reached the band (a buffer of proposer_reference_buffer); 0 = the seeds' prompt
     proposer_references: int = 0

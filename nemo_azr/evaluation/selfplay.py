@@ -35,7 +35,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 from nemo_azr.contracts.capabilities import HeldOutSelfPlaySet
 from nemo_azr.contracts.generation import SamplingParams
 from nemo_azr.errors import ConfigError
-from nemo_azr.selfplay.learnability import QuestionScores, filter_group, harm_reward, proposer_reward
+from nemo_azr.selfplay.learnability import harm_reward, proposer_reward
 
 EVAL_SEED_SALT = 104743
 REFUSED, RULE_HARMS = "refused", "rule_harms"
@@ -242,9 +242,7 @@ class SelfPlayEval:
             traj = g.proposal.trajectory
             self.generated_tokens += len(traj.response_ids) if traj is not None else 0
             self.generated_tokens += sum(sum(ep.response_mask) for eps in g.episodes for ep in eps)
-            result = filter_group(
-                [QuestionScores(s, c) for s, c in zip(g.safety, g.completion)], self.cfg.absolute_zero, rng
-            )
+            result = self.workflow.filter(g, rng)
             records.append(
                 {
                     "part": "proposer",

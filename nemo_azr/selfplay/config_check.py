@@ -9,6 +9,7 @@ from nemo_azr.config.schema import NemoAzrConfig
 EVALUATOR_TYPES = ("llm", "rule")
 SOLVER_GATE_CLOSED = ("drop", "kl_only")  # what a held-back step does with the solver's rows
 PROPOSER_ATTEMPTS = ("final", "all")  # which of a prompt's proposals train the proposer
+GROUP_REPEATS = ("separate", "merge")  # how the band filter counts a question written twice in a group
 SELFPLAY_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "trr_plus_plus", "gae")
 
 
@@ -100,6 +101,7 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
     one_of("absolute_zero.proposer_estimator", az.proposer_estimator, SELFPLAY_ESTIMATORS)
     one_of("absolute_zero.proposer_rows", az.proposer_rows, ("per_prompt", "aligned"))
     one_of("absolute_zero.proposer_attempts", az.proposer_attempts, PROPOSER_ATTEMPTS)
+    one_of("absolute_zero.group_repeats", az.group_repeats, GROUP_REPEATS)
     require(
         az.proposer_temperature >= 0,
         "absolute_zero.proposer_temperature must be >= 0 (0 = generation.temperature)",

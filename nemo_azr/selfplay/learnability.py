@@ -15,7 +15,7 @@ re-proposal (``sampled_index = -1``); a mixed group gets one learnable question 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,12 +184,40 @@ class UnifiedFilterResult:
         return [pid for pid, g in self.groups.items() if g.flagged]
 
 
-def filter_group(questions: Sequence[QuestionScores], cfg: Any, rng: random.Random) -> GroupFilterResult:
-    """Harm rewards, learnability and the sampled index of one prompt's question group."""
+def filter_group(
+    questions: Sequence[QuestionScores],
+    cfg: Any,
+    rng: random.Random,
+    repeat_keys: Sequence[Hashable] | None = None,
+) -> GroupFilterResult:
+    """Harm rewards, learnability and the sampled index of one prompt's question group.
+
+    ``repeat_keys`` (one per question) says which questions are the same question: those are judged
+    as one, on their responses pooled, and the group's mixed-or-flagged test and the sampling draw
+    see each distinct question once (``absolute_zero.group_repeats: merge``; the kept index is the
+    first copy's). ``None`` gives every question its own key: the seeds' rule, draw for draw.
+    """
+    keys: list[Hashable] = list(range(len(questions))) if repeat_keys is None else list(repeat_keys)
+    if len(keys) != len(questions):
+        raise ValueError(f"filter_group got {len(keys)} repeat keys for {len(questions)} questions")
     rewards = [[harm_reward(s, c, cfg) for s, c in zip(q.safety, q.completion)] for q in questions]
-    learnable = [check_learnability(q.safety, q.completion, cfg) for q in questions]
-    closeness = [band_closeness(q.safety, q.completion, cfg) for q in questions]
-    return GroupFilterResult(rewards, learnable, sample_learnable_index(learnable, rng), closeness)
+    first_index: dict[Hashable, int] = {}
+    pooled: dict[Hashable, QuestionScores] = {}
+    for index, (key, q) in enumerate(zip(keys, questions)):
+        first_index.setdefault(key, index)
+        scores = pooled.setdefault(key, QuestionScores([], []))
+        scores.safety.extend(q.safety)
+        scores.completion.extend(q.completion)
+    key_learnable = {k: check_learnability(q.safety, q.completion, cfg) for k, q in pooled.items()}
+    key_closeness = {k: band_closeness(q.safety, q.completion, cfg) for k, q in pooled.items()}
+    distinct_flags = [key_learnable[k] for k in first_index]
+    if needs_repropose(distinct_flags):
+        sampled = REPROPOSE_INDEX
+    else:
+        sampled = rng.choice([i for k, i in first_index.items() if key_learnable[k]])
+    return GroupFilterResult(
+        rewards, [key_learnable[k] for k in keys], sampled, [key_closeness[k] for k in keys]
+    )
 
 
 def compute_unified_reward_and_filter(

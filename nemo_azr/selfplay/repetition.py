@@ -11,8 +11,10 @@ harm actions narrowed over every run (13 distinct of 31 sampled in steps 1-10, 6
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 #: The penalty of a group with no questions (an unparseable proposal): the most a group can carry,
 #: so writing nothing is never a way out of repeating.
@@ -35,3 +37,9 @@ def distinct_share(keys_per_group: Sequence[Sequence[str]]) -> float:
     """Distinct keys over questions in the batch (1.0: no two alike; 0.0 with no questions)."""
     keys = [key for group in keys_per_group for key in group]
     return len(set(keys)) / len(keys) if keys else 0.0
+
+
+def identical_question_keys(questions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One key per question of a group, equal for questions written identically (every field, key
+    order aside): what ``absolute_zero.group_repeats: merge`` counts once in the band filter."""
+    return [json.dumps(q, sort_keys=True, default=str) for q in questions]

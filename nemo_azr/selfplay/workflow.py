@@ -41,11 +41,11 @@ from nemo_azr.rollout.multi_step import (
 )
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch
-from nemo_azr.selfplay.learnability import QuestionScores, filter_group
+from nemo_azr.selfplay.learnability import GroupFilterResult, QuestionScores, filter_group
 from nemo_azr.selfplay.metrics import band_miss_metrics, filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
 from nemo_azr.selfplay.reference_buffer import ReferenceBuffer, learnable_questions
-from nemo_azr.selfplay.repetition import distinct_share, repetition_penalties
+from nemo_azr.selfplay.repetition import distinct_share, identical_question_keys, repetition_penalties
 from nemo_azr.selfplay.solver_gate import SolverGate
 from nemo_azr.utils.seeding import step_seed
 
@@ -93,6 +93,12 @@ class AbsoluteZeroWorkflow:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     # --- the step ----------------------------------------------------------------------------------
+    def filter(self, group: SolvedGroup, rng: random.Random) -> GroupFilterResult:
+        """The band filter of one solved group; ``group_repeats: merge`` judges a question written twice
+        in the group once, on its copies' responses pooled."""
+        keys = identical_question_keys(group.proposal.questions) if self.az.group_repeats == "merge" else None
+        return filter_group(_scores(group), self.az, rng, repeat_keys=keys)
+
     def run(
         self, examples: Sequence[Example], backend: GenerationBackend, sampling: SamplingParams, *, step: int
     ) -> Batch:
@@ -107,7 +113,7 @@ class AbsoluteZeroWorkflow:
 
         groups = self.propose_and_solve(list(examples), backend, sampling, template_rng, attempt=0)
         for g in groups:
-            g.result = filter_group(_scores(g), az, filter_rng)
+            g.result = self.filter(g, filter_rng)
         metrics = {
             "unified_filter/initial_learnable_ratio": filter_metrics(groups)["unified_filter/learnable_ratio"]
         }
@@ -129,7 +135,7 @@ class AbsoluteZeroWorkflow:
             reproposed += len(flagged)
             seeds = [g.proposal.seed_task for g in flagged]
             for g in self.propose_and_solve(seeds, backend, sampling, template_rng, attempt=attempts):
-                g.result = filter_group(_scores(g), az, filter_rng)
+                g.result = self.filter(g, filter_rng)
                 superseded.append(by_prompt[g.prompt_id])
                 by_prompt[g.prompt_id] = g  # replaces the flagged group's data
                 evaluated.append(g)
