@@ -210,11 +210,9 @@ def filter_group(
         scores.completion.extend(q.completion)
     key_learnable = {k: check_learnability(q.safety, q.completion, cfg) for k, q in pooled.items()}
     key_closeness = {k: band_closeness(q.safety, q.completion, cfg) for k, q in pooled.items()}
-    distinct_flags = [key_learnable[k] for k in first_index]
-    if needs_repropose(distinct_flags):
-        sampled = REPROPOSE_INDEX
-    else:
-        sampled = rng.choice([i for k, i in first_index.items() if key_learnable[k]])
+    # the seeds' draw over the distinct questions, mapped back to each one's first copy
+    drawn = sample_learnable_index([key_learnable[k] for k in first_index], rng)
+    sampled = REPROPOSE_INDEX if drawn == REPROPOSE_INDEX else list(first_index.values())[drawn]
     return GroupFilterResult(
         rewards, [key_learnable[k] for k in keys], sampled, [key_closeness[k] for k in keys]
     )
