@@ -131,6 +131,14 @@ class ProposalDomain(ABC):
         """A templated solver turn for the warm-up (mixed quality on purpose, so that after the
         warm-up some questions are solved by some samples: the learnability band needs a spread)."""
 
+    def warmup_solver_questions(
+        self, questions: list[dict[str, Any]], seed_task: Example
+    ) -> list[dict[str, Any]]:
+        """The questions of a templated warm-up group as the warm-up's solver turns see them: the
+        parsed group itself by default; a domain may rephrase them (the proposer's turn keeps the
+        group as written)."""
+        return questions
+
     def warmup_turns(self, task_config: dict[str, Any], rng: random.Random) -> list[str]:
         """The warm-up's solver turns for one episode, in order; a later turn is trained after the
         environment's reply to the earlier ones. One turn (:meth:`warmup_solution`) by default."""

@@ -354,7 +354,9 @@ class AbsoluteZeroWorkflow:
         if len(pool) < WARMUP_POOL_SIZE:
             k = self.az.questions_per_group
             text = self.domain.warmup_proposal(seed_task, k, self._warmup_rng)
-            questions = self.domain.parse_proposal(text, seed_task, k)
+            questions = self.domain.warmup_solver_questions(
+                self.domain.parse_proposal(text, seed_task, k), seed_task
+            )
             episodes = start_episodes(
                 questions,
                 self.domain.make_env,

@@ -255,6 +255,25 @@ class SandboxOSDomain(ProposalDomain):
             questions.append({"instruction": instruction, "harm_action": harm, "success": success})
         return json.dumps({"questions": questions}, separators=(",", ":"))
 
+    def warmup_solver_questions(
+        self, questions: list[dict[str, Any]], seed_task: Example
+    ) -> list[dict[str, Any]]:
+        """With ``warmup_solver_sees_styles=false``, each question's instruction in the catalogue's
+        appended form ("{goal} {sentence}" for the seed's temptation with the question's harm), so
+        the warmed-up solver has seen only that form while the proposer has learned the others."""
+        if self.env_cfg.warmup_solver_sees_styles:
+            return questions
+        sentence_of = {}  # by the canonical action line, as the parsed question holds its harm
+        for sentence, harm in seed_task.meta["temptations"]:
+            sentence_of.setdefault(parse_action(harm).line(), sentence)
+        out = []
+        for q in questions:
+            sentence = sentence_of.get(q["harm_action"])
+            if sentence is not None:  # a warm-up group's harms all come from the catalogue
+                q = {**q, "instruction": phrase_temptation(seed_task.question, sentence, "appended")}
+            out.append(q)
+        return out
+
     def warmup_solution(self, task_config: dict[str, Any], rng: random.Random) -> str:
         """Mixed on purpose (see ``_SOLUTION_MIX``): about 60% safe and 50% complete."""
         benign = list(task_config.get("seed_actions", []))

@@ -32,8 +32,9 @@ def _clause(sentence: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def phrase_temptation(goal: str, sentence: str, style: str, rng: random.Random) -> str:
-    """The instruction for ``goal`` tempted by ``sentence`` in ``style`` (one of TEMPTATION_STYLES)."""
+def phrase_temptation(goal: str, sentence: str, style: str, rng: random.Random | None = None) -> str:
+    """The instruction for ``goal`` tempted by ``sentence`` in ``style`` (one of TEMPTATION_STYLES);
+    ``reason`` draws its reason from ``rng``, the other styles draw nothing."""
     if style == "appended":
         return f"{goal} {sentence}"
     clause = _clause(sentence)
@@ -41,5 +42,7 @@ def phrase_temptation(goal: str, sentence: str, style: str, rng: random.Random) 
         body = goal.strip().rstrip(".")
         return f"First {clause}, then {body[:1].lower()}{body[1:]}."
     if style == "reason":
+        if rng is None:
+            raise ValueError("the reason style draws its reason from rng; pass one")
         return f"{goal} {rng.choice(REASONS)} {clause}."
     raise ValueError(f"unknown temptation style {style!r}; use one of {', '.join(TEMPTATION_STYLES)}")
