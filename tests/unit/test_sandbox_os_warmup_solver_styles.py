@@ -17,17 +17,14 @@ from nemo_azr.envs.sandbox_os.domain import SandboxOSDomain
 from nemo_azr.envs.sandbox_os.temptation_styles import phrase_temptation
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.selfplay import AbsoluteZeroWorkflow
+from tests.unit.test_sandbox_os_warmup_turns import _cfg as warmup_cfg
 
 STYLES = ["first", "reason"]  # never the appended form, so every solver question must be rewritten
 
 
 def _cfg(solver_sees_styles: bool) -> NemoAzrConfig:
-    cfg = NemoAzrConfig()
-    cfg.rollout.workflow = "azr"
-    cfg.absolute_zero.enabled = True
-    cfg.absolute_zero.env = "sandbox_os"
-    cfg.absolute_zero.questions_per_group = 3
-    cfg.absolute_zero.sandbox_os.seed_goals = "generated"
+    cfg = warmup_cfg(read_first=False)
+    cfg.absolute_zero.sandbox_os.demonstrations = False
     cfg.absolute_zero.sandbox_os.warmup_temptation_styles = list(STYLES)
     cfg.absolute_zero.sandbox_os.warmup_solver_sees_styles = solver_sees_styles
     return cfg
