@@ -72,3 +72,31 @@ def test_selfplay_proposer_against_a_fixed_solver_needs_a_rise_above_two_standar
     rows = {c: v for c, _, v in real_model._fixed_solver_verdict(fixed)}
     assert rows[rises] == "FAIL"
     assert real_model._fixed_solver_verdict(None) == []  # results from before the fixed-solver pass
+
+
+def test_training_learnable_ratio_rises_only_with_a_slope_above_two_standard_errors():
+    # A ratio that goes 0.1, 0.2, 0.1, 0.2, ... : the last window beats the first by chance, the slope is noise.
+    records = [
+        {"step": s, "unified_filter/initial_learnable_ratio": 0.1 if s % 2 else 0.2} for s in range(1, 21)
+    ]
+    trend = real_model.learnable_trend(records)
+    # by hand: x = 1..20 (mean 10.5, Sxx 665), y alternates 0.1/0.2: Sxy = 0.05 * 10 = 0.5, slope 0.5/665 a step
+    assert abs(trend["slope_per_10"] - round(5 / 665, 4)) < 1e-4
+    assert trend["steps"] == 20 and trend["se_per_10"] > trend["slope_per_10"]
+    learn = {"first": 0.15, "last": 0.16}
+    criterion, measured, mark = real_model._training_learnable_verdict(learn, trend)
+    assert criterion == "training first-pass learnable ratio rises (slope > 2 SE)"
+    assert measured.startswith("0.150 -> 0.160 (slope +0.007 ± ")  # 0.0075 rounds down in binary
+    assert mark == "FAIL"
+    rising = real_model.learnable_trend(
+        [{"step": s, "unified_filter/initial_learnable_ratio": 0.01 * s} for s in range(1, 21)]
+    )
+    assert rising["slope_per_10"] == 0.1 and rising["se_per_10"] == 0.0
+    assert real_model._training_learnable_verdict(learn, rising)[2] == "PASS"
+    # results from before the slope was recorded: the first/last windows, said so
+    old = real_model._training_learnable_verdict(learn, None)
+    assert old == (
+        "training first-pass learnable ratio rises (first vs last window)",
+        "0.150 -> 0.160",
+        "PASS",
+    )
