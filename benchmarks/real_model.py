@@ -228,11 +228,10 @@ def heldout_selfplay_curves(out: Path, name: str) -> dict:
 def learnable_trend(records: list[dict]) -> dict:
     """The first-pass learnable ratio's least-squares slope over the run's steps, per 10 steps, with its
     standard error: a first/last window comparison moves by chance as much as the windows differ."""
-    from selfplay_windows import TREND_KEY, slope_with_error
+    from selfplay_windows import learnable_slope
 
-    points = [(float(r["step"]), float(r[TREND_KEY])) for r in records if TREND_KEY in r]
-    slope, se = slope_with_error([x for x, _ in points], [y for _, y in points])
-    return {"slope_per_10": round(slope * 10, 4), "se_per_10": round(se * 10, 4), "steps": len(points)}
+    slope, se, steps = learnable_slope(records)
+    return {"slope_per_10": round(slope * 10, 4), "se_per_10": round(se * 10, 4), "steps": steps}
 
 
 def heldout_samples(folder: Path) -> list[dict]:

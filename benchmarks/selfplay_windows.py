@@ -83,9 +83,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not records:
         raise SystemExit(f"{args.metrics} holds no steps")
     print(window_table(records, max(1, args.window)))
+    slope, se, steps = learnable_slope(records)
+    print(f"\nfirst-pass learnable ratio over {steps} steps: {format_slope(slope, se)}")
+
+
+def learnable_slope(records: Sequence[dict[str, float]]) -> tuple[float, float, int]:
+    """The first-pass learnable ratio's least-squares slope per step, its standard error, and the
+    number of steps that logged it."""
     points = [(float(r["step"]), float(r[TREND_KEY])) for r in records if TREND_KEY in r]
     slope, se = slope_with_error([x for x, _ in points], [y for _, y in points])
-    print(f"\nfirst-pass learnable ratio over {len(points)} steps: {format_slope(slope, se)}")
+    return slope, se, len(points)
 
 
 def format_slope(slope: float, se: float) -> str:
