@@ -582,6 +582,11 @@ class AbsoluteZeroConfig:
     # a held-back step's solver rows: "drop" (the proposer's rows alone) | "kl_only" (kept with zero
     # advantages, so the KL term holds the solver to its reference while the proposer trains)
     solver_gate_closed: str = "drop"
+    # > 0: each step the solver also solves this many of the step's seed goals as posed, with nothing
+    # tempting (rollout_n episodes each, outside the band filter), and trains on them beside the
+    # proposed questions, so doing the goal keeps paying more than doing nothing (decision 215);
+    # the environment must pose plain tasks (contracts.capabilities.PlainTasks); 0 = the seeds' batch
+    solver_plain_tasks: int = 0
     # per_prompt: one proposer row per prompt (decision 34) | aligned: seed 001's layout, the proposer
     # row repeated rollout_n times beside the sampled question's solver rows (docs/selfplay.md)
     proposer_rows: str = "per_prompt"

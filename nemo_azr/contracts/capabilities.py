@@ -54,6 +54,18 @@ class KeysQuestions(Protocol):
 
 
 @runtime_checkable
+class PlainTasks(Protocol):
+    """A self-play domain that can pose a seed task's goal alone, with nothing tempting in it
+    (``absolute_zero.solver_plain_tasks``).
+
+    ``plain_task(seed_task)``: a solver task config the domain's environment runs as it is (as
+    ``parse_proposal`` returns them), asking for the seed's goal and nothing else.
+    """
+
+    def plain_task(self, seed_task: Any) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class ExplainsRewards(Protocol):
     """A task that can say why a reply earned no answer.
 

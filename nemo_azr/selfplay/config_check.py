@@ -90,6 +90,19 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
         az, "proposer_repetition_penalty", KeysQuestions, "cannot tell two of its questions apart",
         "templated groups have no proposer rows",
     )  # fmt: skip
+    require(
+        az.solver_plain_tasks >= 0,
+        f"absolute_zero.solver_plain_tasks must be >= 0 (0 = off), got {az.solver_plain_tasks}",
+    )
+    if az.solver_plain_tasks:
+        from nemo_azr.contracts.capabilities import PlainTasks
+        from nemo_azr.registry import ENVIRONMENTS
+
+        require(
+            issubclass(ENVIRONMENTS.get(az.env), PlainTasks),
+            f"absolute_zero.solver_plain_tasks: absolute_zero.env={az.env} cannot pose a seed's goal "
+            "alone (sandbox_os can); set absolute_zero.solver_plain_tasks=0",
+        )
     require(az.max_repropose_attempts >= 0, "absolute_zero.max_repropose_attempts must be >= 0")
     require(az.questions_per_group >= 1, "absolute_zero.questions_per_group must be >= 1")
     require(az.max_env_steps >= 1, "absolute_zero.max_env_steps must be >= 1")

@@ -40,7 +40,7 @@ from nemo_azr.contracts import Batch, Role, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.assemble import pack_prompt_response
 from nemo_azr.rollout.multi_step import Episode
-from nemo_azr.selfplay.learnability import GroupFilterResult, proposer_reward
+from nemo_azr.selfplay.learnability import GroupFilterResult, harm_reward, proposer_reward
 from nemo_azr.selfplay.proposer import Proposal
 
 #: Per-row meta the joint batch carries besides the contract's ids (for logging and tests).
@@ -225,6 +225,68 @@ def build_joint_batch(
     tensors = pack_prompt_response(prompts, responses, logps, pad_id=pad_id, response_masks=masks)
     tensors[F.REWARDS] = torch.tensor(rewards, dtype=torch.float32)
     return Batch(tensors, meta, info)
+
+
+PLAIN_TASK_TYPE = "plain"  # TASK_TYPE of a plain task's rows (absolute_zero.solver_plain_tasks)
+
+
+def build_plain_rows(
+    seeds: Sequence[Any],
+    episodes: Sequence[Episode],
+    safety: Sequence[float],
+    completion: Sequence[float],
+    fmt: Sequence[float],
+    cfg: Any,
+    *,
+    step: int,
+    pad_id: int,
+) -> Batch:
+    """Solver rows of the step's plain tasks (``absolute_zero.solver_plain_tasks``): seed ``k``'s
+    goal alone solved ``len(episodes) // len(seeds)`` times, episodes in seed order. Each seed's
+    episodes form one group (``...-plain``), rewarded like any solver row without the proposer term:
+    ``harm_reward + format_reward_weight * format`` (there is no proposal to credit)."""
+    n = len(episodes) // len(seeds) if seeds else 0
+    prompts, responses, logps, masks, rewards = [], [], [], [], []
+    meta = _empty_meta()
+    for k, seed in enumerate(seeds):
+        question_id = f"{seed.prompt_id}-plain"
+        for r in range(n):
+            i = k * n + r
+            ep = episodes[i]
+            harm = harm_reward(safety[i], completion[i], cfg)
+            reward = harm + cfg.format_reward_weight * fmt[i]
+            row = {
+                F.UID: f"s{step}-{question_id}-r{r}",
+                F.GROUP_ID: f"s{step}-{question_id}",
+                F.PROMPT_ID: seed.prompt_id,
+                F.QUESTION_ID: question_id,
+                F.ROLE: Role.SOLVER.value,
+                F.SAMPLE_TYPE: SampleType.ANSWER.value,
+                F.POLICY_VERSION: ep.policy_version,
+                F.PROMPT_TEXT: str(seed.question),
+                F.RESPONSE_TEXT: " || ".join(ep.turns),
+                TASK_TYPE: PLAIN_TASK_TYPE,
+                "safety_score": safety[i],
+                "completion_score": completion[i],
+                "format_reward": fmt[i],
+                "harm_reward": harm,
+                "solver_reward": reward,
+                "end_reason": ep.end_reason,
+                "finish_reason": ep.finish_reason,
+                "num_turns": ep.num_turns,
+            }
+            prompts.append(ep.prompt_ids)
+            responses.append(ep.response_ids)
+            logps.append(ep.response_logprobs)
+            masks.append(ep.response_mask)
+            rewards.append(reward)
+            for key in meta:
+                meta[key].append(row.get(key))
+    if not prompts:
+        return Batch()
+    tensors = pack_prompt_response(prompts, responses, logps, pad_id=pad_id, response_masks=masks)
+    tensors[F.REWARDS] = torch.tensor(rewards, dtype=torch.float32)
+    return Batch(tensors, meta, {})
 
 
 def _add_proposer_row(add, g: SolvedGroup, traj, step: int, reward: float, suffix: str, aligned: str) -> None:

@@ -14,6 +14,7 @@ One ``run`` is one training step of seeds 000/001:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ import torch
 
 from nemo_azr.contracts import Batch, Role
 from nemo_azr.contracts import fields as F
-from nemo_azr.contracts.capabilities import KeysQuestions
+from nemo_azr.contracts.capabilities import KeysQuestions, PlainTasks
 from nemo_azr.contracts.generation import GenerationBackend, SamplingParams
 from nemo_azr.contracts.schema import PROMPT_FEEDBACK, STEP_ROLE_ADVANTAGE_SCALES
 from nemo_azr.contracts.task import Example, Task
@@ -40,8 +41,8 @@ from nemo_azr.rollout.multi_step import (
     start_episodes,
 )
 from nemo_azr.rollout.single_turn import encode_prompt
-from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch
-from nemo_azr.selfplay.learnability import GroupFilterResult, QuestionScores, filter_group
+from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch, build_plain_rows
+from nemo_azr.selfplay.learnability import GroupFilterResult, QuestionScores, filter_group, harm_reward
 from nemo_azr.selfplay.metrics import band_miss_metrics, filter_metrics, harm_metrics, joint_metrics
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
 from nemo_azr.selfplay.reference_buffer import ReferenceBuffer, learnable_questions
@@ -71,6 +72,10 @@ class AbsoluteZeroWorkflow:
             else 0
         )
         self.rows_per_prompt = self.rollout_n + proposer_rows
+        if self.az.solver_plain_tasks:  # the plain tasks' rows, spread over the step's prompts
+            per_step = max(1, cfg.data.prompts_per_step)
+            plain = min(self.az.solver_plain_tasks, per_step)
+            self.rows_per_prompt += math.ceil(plain * self.rollout_n / per_step)
         # Solver rows are grouped per question by the run's estimator; proposer rows (one group per
         # batch) by ``proposer_estimator``.
         self.role_estimators = {"solver": cfg.algorithm.estimator, "proposer": self.az.proposer_estimator}
@@ -166,6 +171,16 @@ class AbsoluteZeroWorkflow:
         metrics.update(filter_metrics(final))
         metrics.update(harm_metrics(final))
         metrics.update(joint_metrics(batch, num_trajectories=num_trajectories))
+        # a held-back step with solver_gate_closed=drop would drop them: not solved at all then
+        if az.solver_plain_tasks and (train_solver or az.solver_gate_closed == "kl_only"):
+            seeds = [g.proposal.seed_task for g in groups[: az.solver_plain_tasks]]
+            plain, plain_metrics = self.solve_plain(seeds, backend, sampling, step=step)
+            metrics.update(plain_metrics)
+            if F.SAMPLING_TEMPERATURE in batch and len(plain):  # sampled at the solver's temperature
+                plain.tensors[F.SAMPLING_TEMPERATURE] = torch.full((len(plain),), float(sampling.temperature))
+            info = batch.info
+            batch = Batch.concat([batch, plain])
+            batch.info = info
         if not train_solver:  # the gate holds the solver back this step
             # kl_only: its rows stay with zero advantages, so only their KL term trains them
             if az.solver_gate_closed == "kl_only":
@@ -287,6 +302,31 @@ class AbsoluteZeroWorkflow:
             groups.append(g)
         return groups
 
+    def solve_plain(
+        self, seeds: list[Example], backend: GenerationBackend, sampling: SamplingParams, *, step: int
+    ) -> tuple[Batch, dict[str, float]]:
+        """Each seed's goal alone (the domain's ``plain_task``), ``rollout_n`` episodes each, as solver
+        rows outside the band (``absolute_zero.solver_plain_tasks``), and their ``plain/*`` metrics."""
+        if not isinstance(self.domain, PlainTasks):  # config_check refuses such a run first
+            raise TypeError(f"absolute_zero.env={self.az.env} cannot pose plain tasks")
+        n = self.rollout_n
+        configs = [self.domain.plain_task(seed) for seed in seeds for _ in range(n)]
+        episodes, scores = self.solve_tasks(configs, backend, sampling)
+        batch = build_plain_rows(
+            seeds, episodes, scores.safety, scores.completion, scores.format, self.az,
+            step=step, pad_id=self.pad_id,
+        )  # fmt: skip
+        harm = [harm_reward(s, c, self.az) for s, c in zip(scores.safety, scores.completion)]
+        spread = [len(set(harm[k * n : (k + 1) * n])) > 1 for k in range(len(seeds))]
+        metrics = {
+            "plain/safety_score_mean": _mean(scores.safety),
+            "plain/completion_score_mean": _mean(scores.completion),
+            "plain/harm_reward_mean": _mean(harm),
+            # groups whose rewards differ: only those move the solver under a group baseline
+            "plain/informative_group_ratio": _mean([float(x) for x in spread]),
+        }
+        return batch, metrics
+
     def solve_tasks(
         self,
         configs: list[dict],
@@ -386,3 +426,7 @@ class AbsoluteZeroWorkflow:
 
 def _scores(g: SolvedGroup) -> list[QuestionScores]:
     return [QuestionScores(s, c) for s, c in zip(g.safety, g.completion)]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0

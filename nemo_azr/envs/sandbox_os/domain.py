@@ -140,6 +140,17 @@ class SandboxOSDomain(ProposalDomain):
         """The held-out solver tasks (task configs with ``task_id`` and ``kind``)."""
         return load_heldout()[1]
 
+    def plain_task(self, seed_task: Example) -> dict[str, Any]:
+        """The seed's goal alone (no harm action), as the held-out set's ``plain`` tasks are built."""
+        return {
+            "instruction": seed_task.question,
+            "harm_action": "",
+            "success": list(seed_task.meta["success"]),
+            "world": seed_task.meta["world"],
+            "seed_id": seed_task.prompt_id,
+            "seed_actions": list(seed_task.meta["actions"]),
+        }
+
     # --- prompts -----------------------------------------------------------------------------------
     def proposer_messages(self, seed_task: Example, num_questions: int) -> list[dict[str, str]]:
         if self.env_cfg.demonstrations:
