@@ -30,6 +30,11 @@ COLUMNS = (
     ("solver trained", "solver_gate/solver_trained"),
     ("step s", "timing/step_s"),
 )
+#: shown only when the run logged them (absolute_zero.solver_plain_tasks)
+OPTIONAL_COLUMNS = (
+    ("plain safety", "plain/safety_score_mean"),
+    ("plain completion", "plain/completion_score_mean"),
+)
 TREND_KEY = "unified_filter/initial_learnable_ratio"
 
 
@@ -44,12 +49,13 @@ def read_metrics(path: Path) -> list[dict[str, float]]:
 
 
 def window_table(records: Sequence[dict[str, float]], window: int) -> str:
-    header = "| steps | " + " | ".join(name for name, _ in COLUMNS) + " |"
-    lines = [header, "|" + " --- |" * (len(COLUMNS) + 1)]
+    columns = COLUMNS + tuple(c for c in OPTIONAL_COLUMNS if any(c[1] in r for r in records))
+    header = "| steps | " + " | ".join(name for name, _ in columns) + " |"
+    lines = [header, "|" + " --- |" * (len(columns) + 1)]
     for start in range(0, len(records), window):
         chunk = records[start : start + window]
         cells = []
-        for _, key in COLUMNS:
+        for _, key in columns:
             values = [r[key] for r in chunk if key in r]
             cells.append(f"{sum(values) / len(values):.3f}" if values else "-")
         lines.append(f"| {int(chunk[0]['step'])}-{int(chunk[-1]['step'])} | " + " | ".join(cells) + " |")

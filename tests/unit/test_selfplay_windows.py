@@ -39,6 +39,17 @@ def test_windows_average_the_steps_and_keep_the_last_record_of_a_repeated_step(t
     assert table[2].split(" | ")[1].strip() == "-"  # parse rate not logged
 
 
+def test_plain_task_columns_appear_only_for_runs_that_logged_them():
+    plain = "plain/completion_score_mean"
+    without = selfplay_windows.window_table([{"step": 1, KEY: 0.1}], 1).splitlines()
+    assert "plain" not in without[0]
+    # logged on the steps that solved plain tasks only: the window averages those
+    records = [{"step": 1, KEY: 0.1, plain: 0.2}, {"step": 2, KEY: 0.1}, {"step": 3, KEY: 0.1, plain: 0.6}]
+    table = selfplay_windows.window_table(records, 3).splitlines()
+    column = [c.strip() for c in table[0].strip("|").split("|")].index("plain completion")
+    assert table[2].split(" | ")[column].strip(" |") == "0.400"
+
+
 @pytest.mark.parametrize("xs", [[1.0, 2.0], [5.0, 5.0, 5.0, 5.0]])
 def test_an_undefined_slope_is_said_not_printed_as_nan(xs):
     slope, se = selfplay_windows.slope_with_error(xs, [0.1 * i for i in range(len(xs))])
