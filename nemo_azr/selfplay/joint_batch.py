@@ -108,6 +108,47 @@ def _empty_meta() -> dict[str, list[Any]]:
     return {k: [] for k in keys}
 
 
+class _Rows:
+    """Rows collected in order, packed into one ``Batch`` at the end."""
+
+    def __init__(self) -> None:
+        self.prompts, self.responses, self.logps, self.masks, self.rewards = [], [], [], [], []
+        self.meta = _empty_meta()
+
+    def add(self, row: dict[str, Any], prompt, response, logp, mask, reward: float) -> None:
+        self.prompts.append(prompt)
+        self.responses.append(response)
+        self.logps.append(logp)
+        self.masks.append(mask)
+        self.rewards.append(reward)
+        for key in self.meta:
+            self.meta[key].append(row.get(key))
+
+    def add_solver_episode(self, ep: Episode, reward: float, **row: Any) -> None:
+        """A solver row: the episode's tokens, the ids and scores in ``row``, the episode's own meta."""
+        row.update(
+            {
+                F.ROLE: Role.SOLVER.value,
+                F.SAMPLE_TYPE: SampleType.ANSWER.value,
+                F.POLICY_VERSION: ep.policy_version,
+                F.RESPONSE_TEXT: " || ".join(ep.turns),
+                "end_reason": ep.end_reason,
+                "finish_reason": ep.finish_reason,
+                "num_turns": ep.num_turns,
+            }
+        )
+        self.add(row, ep.prompt_ids, ep.response_ids, ep.response_logprobs, ep.response_mask, reward)
+
+    def batch(self, pad_id: int, info: dict[str, Any]) -> Batch:
+        if not self.prompts:
+            return Batch(info=info)
+        tensors = pack_prompt_response(
+            self.prompts, self.responses, self.logps, pad_id=pad_id, response_masks=self.masks
+        )
+        tensors[F.REWARDS] = torch.tensor(self.rewards, dtype=torch.float32)
+        return Batch(tensors, self.meta, info)
+
+
 def build_joint_batch(
     groups: list[SolvedGroup],
     cfg: Any,
@@ -129,19 +170,8 @@ def build_joint_batch(
         raise ValueError(
             f"absolute_zero.proposer_rows={layout!r}; use one of {', '.join(PROPOSER_ROW_LAYOUTS)}"
         )
-    prompts, responses, logps, masks, rewards = [], [], [], [], []
-    meta = _empty_meta()
+    rows = _Rows()
     trajectories, sampled, p_rewards = {}, {}, {}
-
-    def add(row: dict[str, Any], prompt, response, logp, mask, reward: float) -> None:
-        prompts.append(prompt)
-        responses.append(response)
-        logps.append(logp)
-        masks.append(mask)
-        rewards.append(reward)
-        for key in meta:
-            meta[key].append(row.get(key))
-
     for g in groups:
         status = g.result.status
         p_reward = proposer_reward(status)
@@ -157,28 +187,24 @@ def build_joint_batch(
             solver_reward = harm + cfg.format_reward_weight * fmt
             # Without a proposer (templated groups) there is no proposer reward to add.
             combined = solver_reward + (cfg.proposer_reward_weight * p_reward if include_proposer else 0.0)
-            row = {
-                F.UID: f"s{step}-{g.question_id(qi)}-r{r}",
-                F.GROUP_ID: f"s{step}-{g.question_id(qi)}",
-                F.PROMPT_ID: g.prompt_id,
-                F.QUESTION_ID: g.question_id(qi),
-                F.ROLE: Role.SOLVER.value,
-                F.SAMPLE_TYPE: SampleType.ANSWER.value,
-                F.POLICY_VERSION: ep.policy_version,
-                F.PROMPT_TEXT: str(question.get("instruction", "")),
-                F.RESPONSE_TEXT: " || ".join(ep.turns),
-                TASK_TYPE: str(question.get("type") or _seed_type(g)),
-                "safety_score": g.safety[qi][r],
-                "completion_score": g.completion[qi][r],
-                "format_reward": fmt,
-                "harm_reward": harm,
-                "solver_reward": solver_reward,
-                "proposer_reward": p_reward,
-                "end_reason": ep.end_reason,
-                "finish_reason": ep.finish_reason,
-                "num_turns": ep.num_turns,
-            }
-            add(row, ep.prompt_ids, ep.response_ids, ep.response_logprobs, ep.response_mask, combined)
+            rows.add_solver_episode(
+                ep,
+                combined,
+                **{
+                    F.UID: f"s{step}-{g.question_id(qi)}-r{r}",
+                    F.GROUP_ID: f"s{step}-{g.question_id(qi)}",
+                    F.PROMPT_ID: g.prompt_id,
+                    F.QUESTION_ID: g.question_id(qi),
+                    F.PROMPT_TEXT: str(question.get("instruction", "")),
+                    TASK_TYPE: str(question.get("type") or _seed_type(g)),
+                    "safety_score": g.safety[qi][r],
+                    "completion_score": g.completion[qi][r],
+                    "format_reward": fmt,
+                    "harm_reward": harm,
+                    "solver_reward": solver_reward,
+                    "proposer_reward": p_reward,
+                },
+            )
 
     for g, final in [*((g, True) for g in groups), *((g, False) for g in superseded)]:
         traj = g.proposal.trajectory
@@ -211,7 +237,7 @@ def build_joint_batch(
         )
         attempt = "" if final else f"-a{g.proposal.attempt}"  # a superseded attempt's rows
         for suffix, aligned in copies:
-            _add_proposer_row(add, g, traj, step, reward, attempt + suffix, aligned)
+            _add_proposer_row(rows.add, g, traj, step, reward, attempt + suffix, aligned)
 
     info = {
         INFO_KEY: {
@@ -220,11 +246,7 @@ def build_joint_batch(
             "proposer_rewards": p_rewards,
         }
     }
-    if not prompts:
-        return Batch(info=info)
-    tensors = pack_prompt_response(prompts, responses, logps, pad_id=pad_id, response_masks=masks)
-    tensors[F.REWARDS] = torch.tensor(rewards, dtype=torch.float32)
-    return Batch(tensors, meta, info)
+    return rows.batch(pad_id, info)
 
 
 PLAIN_TASK_TYPE = "plain"  # TASK_TYPE of a plain task's rows (absolute_zero.solver_plain_tasks)
@@ -246,47 +268,31 @@ def build_plain_rows(
     episodes form one group (``...-plain``), rewarded like any solver row without the proposer term:
     ``harm_reward + format_reward_weight * format`` (there is no proposal to credit)."""
     n = len(episodes) // len(seeds) if seeds else 0
-    prompts, responses, logps, masks, rewards = [], [], [], [], []
-    meta = _empty_meta()
+    rows = _Rows()
     for k, seed in enumerate(seeds):
         question_id = f"{seed.prompt_id}-plain"
         for r in range(n):
             i = k * n + r
-            ep = episodes[i]
             harm = harm_reward(safety[i], completion[i], cfg)
             reward = harm + cfg.format_reward_weight * fmt[i]
-            row = {
-                F.UID: f"s{step}-{question_id}-r{r}",
-                F.GROUP_ID: f"s{step}-{question_id}",
-                F.PROMPT_ID: seed.prompt_id,
-                F.QUESTION_ID: question_id,
-                F.ROLE: Role.SOLVER.value,
-                F.SAMPLE_TYPE: SampleType.ANSWER.value,
-                F.POLICY_VERSION: ep.policy_version,
-                F.PROMPT_TEXT: str(seed.question),
-                F.RESPONSE_TEXT: " || ".join(ep.turns),
-                TASK_TYPE: PLAIN_TASK_TYPE,
-                "safety_score": safety[i],
-                "completion_score": completion[i],
-                "format_reward": fmt[i],
-                "harm_reward": harm,
-                "solver_reward": reward,
-                "end_reason": ep.end_reason,
-                "finish_reason": ep.finish_reason,
-                "num_turns": ep.num_turns,
-            }
-            prompts.append(ep.prompt_ids)
-            responses.append(ep.response_ids)
-            logps.append(ep.response_logprobs)
-            masks.append(ep.response_mask)
-            rewards.append(reward)
-            for key in meta:
-                meta[key].append(row.get(key))
-    if not prompts:
-        return Batch()
-    tensors = pack_prompt_response(prompts, responses, logps, pad_id=pad_id, response_masks=masks)
-    tensors[F.REWARDS] = torch.tensor(rewards, dtype=torch.float32)
-    return Batch(tensors, meta, {})
+            rows.add_solver_episode(
+                episodes[i],
+                reward,
+                **{
+                    F.UID: f"s{step}-{question_id}-r{r}",
+                    F.GROUP_ID: f"s{step}-{question_id}",
+                    F.PROMPT_ID: seed.prompt_id,
+                    F.QUESTION_ID: question_id,
+                    F.PROMPT_TEXT: str(seed.question),
+                    TASK_TYPE: PLAIN_TASK_TYPE,
+                    "safety_score": safety[i],
+                    "completion_score": completion[i],
+                    "format_reward": fmt[i],
+                    "harm_reward": harm,
+                    "solver_reward": reward,
+                },
+            )
+    return rows.batch(pad_id, {})
 
 
 def _add_proposer_row(add, g: SolvedGroup, traj, step: int, reward: float, suffix: str, aligned: str) -> None:

@@ -84,3 +84,17 @@ def joint_metrics(batch: Batch, *, num_trajectories: int) -> dict[str, float]:
         "joint/num_solver_rows": float(len(solver)),
         "joint/num_proposer_rows": float(len(proposer)),
     }
+
+
+def plain_metrics(batch: Batch) -> dict[str, float]:
+    """``plain/*`` from the plain tasks' rows (``absolute_zero.solver_plain_tasks``; joint_batch.build_plain_rows)."""
+    harm_by_group: dict[str, set[float]] = {}
+    for group, harm in zip(batch.get(F.GROUP_ID, []), batch.get("harm_reward", [])):
+        harm_by_group.setdefault(group, set()).add(harm)
+    return {
+        "plain/safety_score_mean": _mean(batch.get("safety_score", [])),
+        "plain/completion_score_mean": _mean(batch.get("completion_score", [])),
+        "plain/harm_reward_mean": _mean(batch.get("harm_reward", [])),
+        # groups whose rewards differ: only those move the solver under a group baseline
+        "plain/informative_group_ratio": _mean([float(len(h) > 1) for h in harm_by_group.values()]),
+    }

@@ -42,8 +42,14 @@ from nemo_azr.rollout.multi_step import (
 )
 from nemo_azr.rollout.single_turn import encode_prompt
 from nemo_azr.selfplay.joint_batch import INFO_KEY, SolvedGroup, build_joint_batch, build_plain_rows
-from nemo_azr.selfplay.learnability import GroupFilterResult, QuestionScores, filter_group, harm_reward
-from nemo_azr.selfplay.metrics import band_miss_metrics, filter_metrics, harm_metrics, joint_metrics
+from nemo_azr.selfplay.learnability import GroupFilterResult, QuestionScores, filter_group
+from nemo_azr.selfplay.metrics import (
+    band_miss_metrics,
+    filter_metrics,
+    harm_metrics,
+    joint_metrics,
+    plain_metrics,
+)
 from nemo_azr.selfplay.proposer import Proposal, propose, template_proposals
 from nemo_azr.selfplay.reference_buffer import ReferenceBuffer, learnable_questions
 from nemo_azr.selfplay.repetition import distinct_share, identical_question_keys, repetition_penalties
@@ -316,16 +322,7 @@ class AbsoluteZeroWorkflow:
             seeds, episodes, scores.safety, scores.completion, scores.format, self.az,
             step=step, pad_id=self.pad_id,
         )  # fmt: skip
-        harm = [harm_reward(s, c, self.az) for s, c in zip(scores.safety, scores.completion)]
-        spread = [len(set(harm[k * n : (k + 1) * n])) > 1 for k in range(len(seeds))]
-        metrics = {
-            "plain/safety_score_mean": _mean(scores.safety),
-            "plain/completion_score_mean": _mean(scores.completion),
-            "plain/harm_reward_mean": _mean(harm),
-            # groups whose rewards differ: only those move the solver under a group baseline
-            "plain/informative_group_ratio": _mean([float(x) for x in spread]),
-        }
-        return batch, metrics
+        return batch, plain_metrics(batch)
 
     def solve_tasks(
         self,
@@ -426,7 +423,3 @@ class AbsoluteZeroWorkflow:
 
 def _scores(g: SolvedGroup) -> list[QuestionScores]:
     return [QuestionScores(s, c) for s, c in zip(g.safety, g.completion)]
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
