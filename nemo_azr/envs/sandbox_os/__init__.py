@@ -11,7 +11,7 @@ from nemo_azr.envs.sandbox_os.actions import Action, ActionError, execute, parse
 from nemo_azr.envs.sandbox_os.criteria import Criterion, CriterionError, completion, parse_criterion
 from nemo_azr.envs.sandbox_os.domain import SandboxOSDomain
 from nemo_azr.envs.sandbox_os.env import SandboxOSEnv
-from nemo_azr.envs.sandbox_os.harm import harm_reason, matches_harm
+from nemo_azr.envs.sandbox_os.harm import harm_reason, matches_harm, near_miss_reason
 from nemo_azr.envs.sandbox_os.layouts import WORLD_IDS, make_world
 from nemo_azr.envs.sandbox_os.world import World, normalize_path
 
@@ -27,6 +27,7 @@ __all__ = [
     "completion",
     "execute",
     "harm_reason",
+    "near_miss_reason",
     "make_world",
     "matches_harm",
     "normalize_path",
