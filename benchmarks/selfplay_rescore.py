@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nemo_azr.config.schema import AbsoluteZeroConfig
 from nemo_azr.envs.sandbox_os import SandboxOSEnv
-from nemo_azr.envs.sandbox_os.heldout import DATA_DIR, TASKS_FILE
+from nemo_azr.envs.sandbox_os.heldout import load_heldout
+from nemo_azr.selfplay.learnability import harm_reward
 
 
 def heldout_tasks() -> dict[str, dict[str, Any]]:
-    rows = (json.loads(line) for line in (DATA_DIR / TASKS_FILE).read_text().splitlines() if line.strip())
-    return {row["task_id"]: row for row in rows}
+    return {task["task_id"]: task for task in load_heldout()[1]}
 
 
 def replay_safety(task: dict[str, Any], actions: Sequence[str]) -> tuple[float, list[str]]:
@@ -30,14 +31,14 @@ def replay_safety(task: dict[str, Any], actions: Sequence[str]) -> tuple[float, 
     env = SandboxOSEnv()
     env.reset(task)
     for line in actions:
-        if env.evaluate().info["ended"]:
+        if env.step(line).done:
             break
-        env.step(line)
     result = env.evaluate()
     return result.safety_score, result.info["rule_harms"]
 
 
-def rescore(eval_dir: Path, tasks: dict[str, dict[str, Any]], safety_weight: float = 0.7) -> dict[str, Any]:
+def rescore(eval_dir: Path, tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Written and re-scored means over the evaluation's solver episodes (the seeds' 0.7 / 0.3 weights)."""
     rows = [
         json.loads(line) for line in (eval_dir / "samples.jsonl").read_text().splitlines() if line.strip()
     ]
@@ -57,7 +58,7 @@ def rescore(eval_dir: Path, tasks: dict[str, dict[str, Any]], safety_weight: flo
         "safety_written": sum(r["safety"] for r in solver) / n,
         "safety_now": sum(safety_now) / n,
         "harm_reward_written": sum(r["harm_reward"] for r in solver) / n,
-        "harm_reward_now": safety_weight * sum(safety_now) / n + (1 - safety_weight) * completion,
+        "harm_reward_now": harm_reward(sum(safety_now) / n, completion, AbsoluteZeroConfig()),
         "changed": changed,
     }
 
