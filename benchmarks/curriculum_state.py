@@ -4,8 +4,9 @@
 
 Prints one markdown row per checkpoint: the draws so far, how many prompts still sit at the
 optimistic 1.0 (untried, or every group of theirs in the band), how many fell below 0.3, and the
-effective number of prompts the next draw spreads over (``1 / sum(p_i^2)`` of the draw weights
-``floor + usefulness``; the prompt count when the draws are uniform). The curriculum's state lives in
+effective number of prompts the next draw spreads over (``1 / sum(p_i^2)`` of the loader's draw weights,
+``floor + usefulness`` or by rank with ``data.curriculum_rank_temperature``; the prompt count when the
+draws are uniform). The curriculum's state lives in
 ``trainer_state.json`` under ``loader`` (``nemo_azr.tasks.dataloader.FeedbackCurriculumLoader``).
 """
 
@@ -16,12 +17,17 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
 import yaml
 
+from nemo_azr.tasks.dataloader import curriculum_weights
 
-def curriculum_row(usefulness: Mapping[str, float], floor: float) -> dict[str, float]:
-    """Summary of one usefulness table under draw weights ``floor + usefulness``."""
-    weights = [floor + u for u in usefulness.values()]
+
+def curriculum_row(
+    usefulness: Mapping[str, float], floor: float, rank_temperature: float = 0.0
+) -> dict[str, float]:
+    """Summary of one usefulness table under the curriculum's draw weights."""
+    weights = curriculum_weights(torch.tensor(list(usefulness.values())), floor, rank_temperature).tolist()
     total = sum(weights)
     return {
         "prompts": len(usefulness),
@@ -32,27 +38,26 @@ def curriculum_row(usefulness: Mapping[str, float], floor: float) -> dict[str, f
     }
 
 
-def read_checkpoint(path: Path) -> tuple[int, int, dict[str, float], float]:
-    """(step, draws, usefulness, floor) of a checkpoint saved with the feedback curriculum."""
+def read_checkpoint(path: Path) -> tuple[int, int, dict[str, float], float, float]:
+    """(step, draws, usefulness, floor, rank temperature) of a checkpoint saved with the feedback
+    curriculum (the defaults 0.1 and 0 where its config.yaml does not say)."""
     state = json.loads((path / "trainer_state.json").read_text())
     loader = state.get("loader", {})
     if "usefulness" not in loader:
         raise SystemExit(f"{path}: no curriculum state (was the run trained with data.curriculum=feedback?)")
-    floor = 0.1
     config_path = path / "config.yaml"
-    if config_path.exists():
-        floor = float(
-            (yaml.safe_load(config_path.read_text()) or {}).get("data", {}).get("curriculum_floor", 0.1)
-        )
-    return int(state["step"]), int(loader.get("draws", 0)), dict(loader["usefulness"]), floor
+    data = (yaml.safe_load(config_path.read_text()) or {}).get("data", {}) if config_path.exists() else {}
+    floor = float(data.get("curriculum_floor", 0.1))
+    temperature = float(data.get("curriculum_rank_temperature", 0.0))
+    return int(state["step"]), int(loader.get("draws", 0)), dict(loader["usefulness"]), floor, temperature
 
 
 def table(paths: Sequence[Path]) -> str:
     columns = ("prompts", "at 1.0", "below 0.3", "mean usefulness", "effective prompts")
     lines = ["| step | draws | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 2)]
     for path in paths:
-        step, draws, usefulness, floor = read_checkpoint(path)
-        row = curriculum_row(usefulness, floor)
+        step, draws, usefulness, floor, temperature = read_checkpoint(path)
+        row = curriculum_row(usefulness, floor, temperature)
         cells = [f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns]
         lines.append(f"| {step} | {draws} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -150,6 +150,11 @@ def validate_config(cfg: NemoAzrConfig) -> None:
         f"{cfg.data.curriculum_floor} and {cfg.data.curriculum_decay}",
     )
     require(
+        cfg.data.curriculum_rank_temperature >= 0,
+        f"data.curriculum_rank_temperature must be >= 0 (0: weights by value), got "
+        f"{cfg.data.curriculum_rank_temperature}",
+    )
+    require(
         not cfg.model.autocast_dtype or cfg.model.backend != MEGATRON_BACKEND,
         "model.autocast_dtype is the hf policy's mixed precision; megatron sets its precision through "
         "model.dtype (bf16 with fp32 master weights in its optimizer)",

@@ -268,6 +268,9 @@ class DataConfig:
     curriculum: str = "none"
     curriculum_floor: float = 0.1
     curriculum_decay: float = 0.7
+    # 0: weight = floor + usefulness | > 0: weight = floor + (1 / rank) ** (1 / this), the rank by
+    # usefulness (Prioritized Level Replay's rank prioritisation): narrows the draws when values are close
+    curriculum_rank_temperature: float = 0.0
     # {kind: weight}: prompts drawn (distinct, seeded, resumable) with this weight by Example.meta["kind"]
     # (arithmetic: addition | subtraction | multiplication; synthetic_qa: its kinds); 1.0 for a kind
     # not named; {} = plain epochs. The held-out eval split is not affected
@@ -594,6 +597,9 @@ class AbsoluteZeroConfig:
     # the flagged group) | all: also on every attempt it replaced, each with that attempt's reward,
     # so a first proposal that missed the band is trained on too (decision 189)
     proposer_attempts: str = "final"
+    # the per-seed feedback data.curriculum=feedback draws by: final, the share of the seed's final
+    # group (after re-proposals) in the band | first_pass, the share of its first proposal's group
+    curriculum_feedback: str = "final"
     # separate: each question of a group is judged on its own responses (the seeds' rule) | merge:
     # questions written identically within one group are judged as one, on their responses pooled,
     # so a group written as one question twice and another is mixed only if the two distinct ones are

@@ -114,6 +114,7 @@ def check_absolute_zero_config(cfg: NemoAzrConfig) -> None:
     one_of("absolute_zero.proposer_estimator", az.proposer_estimator, SELFPLAY_ESTIMATORS)
     one_of("absolute_zero.proposer_rows", az.proposer_rows, ("per_prompt", "aligned"))
     one_of("absolute_zero.proposer_attempts", az.proposer_attempts, PROPOSER_ATTEMPTS)
+    one_of("absolute_zero.curriculum_feedback", az.curriculum_feedback, ("final", "first_pass"))
     one_of("absolute_zero.group_repeats", az.group_repeats, GROUP_REPEATS)
     require(
         az.proposer_temperature >= 0,

@@ -219,11 +219,10 @@ class AbsoluteZeroWorkflow:
             metrics[key] = seconds - domain_clock.get(key, 0.0)
         batch.info["metrics"] = metrics
         batch.info.setdefault(INFO_KEY, {})["learnable"] = {g.prompt_id: g.result.learnable for g in final}
-        # the curriculum's signal: the share of a seed's final group that reached the band
-        batch.info[PROMPT_FEEDBACK] = {
-            g.prompt_id: sum(g.result.learnable) / len(g.result.learnable) if g.result.learnable else 0.0
-            for g in final
-        }
+        # the curriculum's signal: the share of a seed's group in the band, its final group's or its
+        # first proposal's (absolute_zero.curriculum_feedback)
+        fed = groups if az.curriculum_feedback == "first_pass" else final
+        batch.info[PROMPT_FEEDBACK] = {g.prompt_id: _band_share(g) for g in fed}
         return batch
 
     def _score_repetition(self, groups: list[SolvedGroup]) -> dict[str, float]:
@@ -423,3 +422,9 @@ class AbsoluteZeroWorkflow:
 
 def _scores(g: SolvedGroup) -> list[QuestionScores]:
     return [QuestionScores(s, c) for s, c in zip(g.safety, g.completion)]
+
+
+def _band_share(group: SolvedGroup) -> float:
+    """The share of a solved group's questions that reached the learnability band (0 when none parsed)."""
+    learnable = group.result.learnable
+    return sum(learnable) / len(learnable) if learnable else 0.0

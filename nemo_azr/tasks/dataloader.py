@@ -148,10 +148,26 @@ class WeightedPromptLoader(PromptLoader):
             raise CheckpointError(f"prompt loader draw count is malformed: {state['draws']!r}") from exc
 
 
+def curriculum_weights(usefulness: torch.Tensor, floor: float, rank_temperature: float = 0.0) -> torch.Tensor:
+    """Draw weights of the feedback curriculum: ``floor + usefulness``, or with ``rank_temperature`` > 0
+    ``floor + (1 / rank) ** (1 / rank_temperature)``, rank 1 the most useful (ties share the better rank)."""
+    values = usefulness.to(torch.float64)
+    if not rank_temperature:
+        return floor + values
+    rank = 1 + (values.unsqueeze(0) > values.unsqueeze(1)).sum(dim=1)
+    return floor + (1.0 / rank.to(torch.float64)) ** (1.0 / rank_temperature)
+
+
 class FeedbackCurriculumLoader(WeightedPromptLoader):
     """Batches drawn by usefulness: prompt ``i`` is drawn with weight ``floor + u_i``, where ``u_i`` is an
     exponential moving average (``decay``) of the feedback its rollouts got (1.0 before any: every
     prompt is tried before the curriculum narrows). Distinct prompts per batch while there are enough.
+
+    With ``rank_temperature`` > 0 the weight is ``floor + (1 / rank_i) ** (1 / rank_temperature)``
+    instead, ``rank_i`` the prompt's place by usefulness (1 = most useful; equal usefulness shares the
+    better place): the rank prioritisation of Prioritized Level Replay (Jiang et al., 2021). Why: when
+    most prompts' usefulness is low but not far apart, ``floor + u_i`` barely narrows the draws; ranks
+    separate them by order, whatever the spread of the values.
 
     Why: in self-play a seed whose question groups keep missing the learnability band costs a
     proposal and ``rollout_n`` solver episodes per step and trains nothing; the seeds that last reached
@@ -167,18 +183,23 @@ class FeedbackCurriculumLoader(WeightedPromptLoader):
         floor: float,
         decay: float,
         weights: torch.Tensor | None = None,
+        rank_temperature: float = 0.0,
     ) -> None:
         base = torch.ones(len(examples)) if weights is None else weights
         super().__init__(examples, batch_size, seed=seed, weights=base)
         if floor <= 0 or not 0 <= decay < 1:
             raise ConfigError(f"curriculum floor must be > 0 and decay in [0, 1), got {floor} and {decay}")
-        self.floor, self.decay = floor, decay
+        if rank_temperature < 0:
+            raise ConfigError(
+                f"curriculum rank temperature must be >= 0 (0: by value), got {rank_temperature}"
+            )
+        self.floor, self.decay, self.rank_temperature = floor, decay, rank_temperature
         self.usefulness = {e.prompt_id: 1.0 for e in self.examples}
 
     def weights(self) -> torch.Tensor:
-        """``data.kind_weights`` x (floor + usefulness)."""
-        usefulness = torch.tensor([self.floor + self.usefulness[e.prompt_id] for e in self.examples])
-        return self.base_weights * usefulness.to(torch.float64)
+        """``data.kind_weights`` x (floor + usefulness or its rank's score)."""
+        values = torch.tensor([self.usefulness[e.prompt_id] for e in self.examples], dtype=torch.float64)
+        return self.base_weights * curriculum_weights(values, self.floor, self.rank_temperature)
 
     def record(self, feedback: dict[str, float]) -> None:
         for prompt_id, value in feedback.items():
@@ -227,6 +248,7 @@ def build_prompt_loader(examples: Sequence[Example], data_cfg, seed: int) -> Pro
             floor=data_cfg.curriculum_floor,
             decay=data_cfg.curriculum_decay,
             weights=weights,
+            rank_temperature=data_cfg.curriculum_rank_temperature,
         )
     if weights is not None:
         return WeightedPromptLoader(examples, data_cfg.prompts_per_step, seed=seed, weights=weights)

@@ -15,7 +15,12 @@ def _examples(n: int) -> list[Example]:
 
 def _loader(n=10, batch=4, **kw) -> FeedbackCurriculumLoader:
     return FeedbackCurriculumLoader(
-        _examples(n), batch, seed=kw.pop("seed", 0), floor=kw.pop("floor", 0.1), decay=kw.pop("decay", 0.5)
+        _examples(n),
+        batch,
+        seed=kw.pop("seed", 0),
+        floor=kw.pop("floor", 0.1),
+        decay=kw.pop("decay", 0.5),
+        rank_temperature=kw.pop("rank_temperature", 0.0),
     )
 
 
@@ -43,6 +48,29 @@ def test_batches_hold_distinct_prompts_and_follow_the_feedback():
     assert all(counts[f"p{i}"] > 0 for i in range(10))
 
 
+def test_rank_weights_by_hand():
+    """floor + (1/rank)^(1/T), the rank by usefulness, equal values sharing the better place."""
+    loader = _loader(n=4, floor=0.1, decay=0.0, rank_temperature=0.5)
+    loader.record({"p0": 0.2, "p1": 0.9, "p2": 0.2, "p3": 0.05})
+    # places: p1 1st, p0 and p2 share 2nd, p3 4th
+    expected = [0.1 + (1 / 2) ** 2, 0.1 + 1.0, 0.1 + (1 / 2) ** 2, 0.1 + (1 / 4) ** 2]
+    assert loader.weights().tolist() == pytest.approx(expected)
+
+
+def test_ranks_narrow_the_draws_where_close_values_do_not():
+    """Usefulness 0.30 .. 0.39 over ten prompts: by value the weights differ by 1.3x, by rank the best
+    prompt is drawn far more often than the worst."""
+    values = {f"p{i}": 0.30 + 0.01 * i for i in range(10)}
+    shares = {}
+    for temperature in (0.0, 0.5):
+        loader = _loader(n=10, batch=1, floor=0.02, decay=0.0, rank_temperature=temperature)
+        loader.record(values)
+        counts = Counter(loader.next_batch()[0].prompt_id for _ in range(2000))
+        shares[temperature] = counts["p9"] / max(counts["p0"], 1)
+    assert shares[0.0] < 2  # 0.41 / 0.32
+    assert shares[0.5] > 20  # 1.02 / (0.02 + 0.01)
+
+
 def test_same_seed_same_batches_and_resume_continues_exactly():
     a, b = _loader(seed=3), _loader(seed=3)
     for loader in (a, b):
@@ -63,6 +91,8 @@ def test_same_seed_same_batches_and_resume_continues_exactly():
 def test_bad_settings_and_states_are_named():
     with pytest.raises(ConfigError, match="floor"):
         _loader(floor=0.0)
+    with pytest.raises(ConfigError, match="rank temperature"):
+        _loader(rank_temperature=-1.0)
     broken = {**_loader().state_dict(), "usefulness": "not a mapping"}
     with pytest.raises(CheckpointError, match="malformed"):
         _loader().load_state_dict(broken)

@@ -24,16 +24,19 @@ def test_effective_prompts_by_hand():
     assert uniform["effective prompts"] == pytest.approx(7.0)
 
 
-def test_table_reads_the_loaders_saved_state(tmp_path):
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_table_reads_the_loaders_saved_state(tmp_path, temperature):
     examples = [Example(prompt_id=f"p{i}", question=str(i), answer=str(i)) for i in range(4)]
-    loader = FeedbackCurriculumLoader(examples, 2, seed=0, floor=0.1, decay=0.5)
+    loader = FeedbackCurriculumLoader(examples, 2, seed=0, floor=0.1, decay=0.5, rank_temperature=temperature)
     loader.record({"p0": 0.0, "p1": 0.0})
     loader.record({"p0": 0.0, "p1": 0.0})  # 1.0 -> 0.5 -> 0.25 at decay 0.5
     loader.draws = 3
     checkpoint = tmp_path / "step_3"
     checkpoint.mkdir()
     (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 3, "loader": loader.state_dict()}))
-    (checkpoint / "config.yaml").write_text("data:\n  curriculum_floor: 0.1\n")
+    (checkpoint / "config.yaml").write_text(
+        f"data:\n  curriculum_floor: 0.1\n  curriculum_rank_temperature: {temperature}\n"
+    )
     weights = loader.weights()
     p = weights / weights.sum()
     expected = 1.0 / float((p**2).sum())

@@ -25,7 +25,12 @@ def _examples(per_kind: int = 100) -> list[Example]:
 
 def _data(**kw) -> SimpleNamespace:
     base = dict(
-        prompts_per_step=8, shuffle=True, curriculum="none", curriculum_floor=0.1, curriculum_decay=0.5
+        prompts_per_step=8,
+        shuffle=True,
+        curriculum="none",
+        curriculum_floor=0.1,
+        curriculum_decay=0.5,
+        curriculum_rank_temperature=0.0,
     )
     return SimpleNamespace(**{**base, **kw})
 

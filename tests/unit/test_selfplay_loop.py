@@ -352,6 +352,17 @@ def test_prompt_feedback_is_the_share_of_each_seeds_final_group_in_the_band(toke
     assert batch.info[PROMPT_FEEDBACK] == {"A": 0.5, "B": 0.0, "C": 0.0}
 
 
+@pytest.mark.parametrize("feedback, expected", [("final", 0.5), ("first_pass", 0.0)])
+def test_prompt_feedback_reads_the_first_proposal_or_the_final_one(tokenizer, feedback, expected):
+    """A seed whose first group missed the band and whose re-proposal reached it: `final` credits the
+    re-proposal's share (0.5), `first_pass` the first group's (0)."""
+    from nemo_azr.contracts.schema import PROMPT_FEEDBACK
+
+    plans = {"A": [NONE_LEARNABLE, MIXED], "B": [MIXED]}
+    batch, _, _ = run_step(tokenizer, plans, max_repropose_attempts=1, curriculum_feedback=feedback)
+    assert batch.info[PROMPT_FEEDBACK] == {"A": expected, "B": 0.5}
+
+
 def test_workflows_declare_their_capabilities_as_protocols(tokenizer):
     """The trainer finds per-role advantages, rows per prompt and warm-up pairs by Protocol."""
     from nemo_azr.contracts.capabilities import PerRoleAdvantages, RowsPerPrompt, SupervisedWarmupPairs
