@@ -154,7 +154,8 @@ def curriculum_weights(usefulness: torch.Tensor, floor: float, rank_temperature:
     values = usefulness.to(torch.float64)
     if not rank_temperature:
         return floor + values
-    rank = 1 + (values.unsqueeze(0) > values.unsqueeze(1)).sum(dim=1)
+    ascending = torch.sort(values).values  # rank = 1 + how many values are strictly larger
+    rank = 1 + len(values) - torch.searchsorted(ascending, values, right=True)
     return floor + (1.0 / rank.to(torch.float64)) ** (1.0 / rank_temperature)
 
 
