@@ -127,10 +127,20 @@ def _per_kind(result: dict) -> str:
         return " (" + ", ".join(f"{k} {v['accuracy']:.4g}" for k, v in kinds.items()) + ")"
     if all("auroc" in v for v in blocks):
         shown = ", ".join(
-            f"{k} {'n/a' if v['auroc'] is None else format(v['auroc'], '.3g')}" for k, v in kinds.items()
+            f"{k} {'n/a' if v['auroc'] is None else format(v['auroc'], '.3g')}{_parsed_share(v)}"
+            for k, v in kinds.items()
         )
         return f" (AUROC within a kind: {shown})"
     return ""
+
+
+def _parsed_share(block: dict) -> str:
+    """ " over 6 of 145" where only some answers' confidences parsed: an AUROC over the few a
+    broken format leaves is not the kind's."""
+    n, answers = block.get("n"), block.get("num_answers")
+    return (
+        f" over {n} of {answers}" if isinstance(n, int) and isinstance(answers, int) and n < answers else ""
+    )
 
 
 def _eval(overrides: list[str]) -> int:
@@ -159,6 +169,8 @@ def _eval(overrides: list[str]) -> int:
         for k in keys
         if k in result
     )
+    if result.get("confidence_parse_fail_rate"):  # calibration is over the parsed confidences only
+        summary += f", confidence_parse_fail_rate={result['confidence_parse_fail_rate']:.4g}"
     summary += _per_kind(result)
     rephrased = result.get("rephrased")
     if rephrased and rephrased.get("accuracy") is not None:

@@ -385,6 +385,17 @@ class RLCRConfig:
     confidence_candidates: list[float] = field(
         default_factory=lambda: [round(0.1 * i, 1) for i in range(11)]
     )  # enumerate: written with one decimal ("0.3")
+    # enumerate: how an answer's candidates are weighed in their advantages w_c (R_c - sum w R).
+    # "policy": the policy's probabilities (the exact expected-Brier gradient, decision 190; it
+    # vanishes where the policy already writes one value). "uniform": 1/K each, the gradient as if
+    # every candidate were sampled equally often, which keeps moving the likeliest value towards the
+    # Brier-best one for what the context shows (decision 218)
+    candidate_weighting: str = "policy"
+    # enumerate with candidate_weighting=uniform: what a candidate's reward is compared against.
+    # "answer": the mean over the answer's candidates (decision 218). "batch": the mean reward of the
+    # same candidate value over the step's answers, so only what tells answers apart moves the
+    # confidence (for the Brier reward (y - mean y)(2c - 1) / K), not what all answers share
+    candidate_baseline: str = "answer"
     # enumerate: N > 0 analyses sampled per answer (after a prefilled <analysis> tag, up to
     # </analysis> or confidence_max_new_tokens), each followed by the <confidence> prefill and every
     # candidate; the analyses are rewarded with the expected Brier reward after them, normalised over

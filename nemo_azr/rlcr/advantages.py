@@ -31,7 +31,7 @@ from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
-from nemo_azr.rlcr.common import CANDIDATE_OF, GREEDY_ANSWER
+from nemo_azr.rlcr.common import CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
 RLCR_INFO_KEY = "rlcr"
@@ -103,16 +103,26 @@ def confidence_advantages(
 
 
 def expected_confidence_advantages(
-    rewards: torch.Tensor | Sequence[float], logprobs: torch.Tensor | Sequence[float], answer_ids: Ids
+    rewards: torch.Tensor | Sequence[float],
+    logprobs: torch.Tensor | Sequence[float],
+    answer_ids: Ids,
+    weighting: str = "policy",
 ) -> torch.Tensor:
     """``rlcr.confidence_decoding=enumerate``: the advantage of candidate ``c`` of one answer is
-    ``w_c * (R_c - sum_c' w_c' R_c')``, ``w`` the policy's probabilities of the answer's candidates
-    (``exp(logprobs)`` renormalised over them), ``R`` their Brier rewards.
+    ``w_c * (R_c - sum_c' w_c' R_c')``, ``R`` the candidates' Brier rewards and ``w`` (``weighting``)
+    the policy's probabilities of the answer's candidates (``exp(logprobs)`` renormalised over them)
+    or, with ``"uniform"``, ``1 / K`` for each of the answer's ``K`` candidates.
 
-    Under the PPO ratio ``pi / pi_old`` this gives the loss ``-sum_c pi(c) (R_c - V)``, whose gradient
-    is the exact gradient of the expected Brier reward over the candidates (the all-action policy
-    gradient of mean actor-critic, Allen et al. 2017): what sampled confidences estimate with noise.
+    ``"policy"``: under the PPO ratio ``pi / pi_old`` this gives the loss ``-sum_c pi(c) (R_c - V)``,
+    whose gradient is the exact gradient of the expected Brier reward over the candidates (the
+    all-action policy gradient of mean actor-critic, Allen et al. 2017): what sampled confidences
+    estimate with noise. Its logit gradient is ``pi(c) (R_c - V)``, which vanishes once the policy
+    writes one value nearly always. ``"uniform"``: each candidate's log-prob is pushed by its reward
+    above the candidates' mean whatever its probability, so the likeliest value keeps moving towards
+    the Brier-best one for the answer's context (decision 218).
     """
+    if weighting not in ("policy", "uniform"):
+        raise ValueError(f"weighting must be 'policy' or 'uniform', got {weighting!r}")
     values = torch.as_tensor(rewards, dtype=STATS_DTYPE).reshape(-1)
     logp = torch.as_tensor(logprobs, dtype=STATS_DTYPE).reshape(-1)
     ids = _as_ids(answer_ids)
@@ -122,12 +132,43 @@ def expected_confidence_advantages(
         return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
     index = group_index(ids)
     num_groups = int(index.max()) + 1
-    top = torch.full((num_groups,), float("-inf"), dtype=STATS_DTYPE).scatter_reduce(0, index, logp, "amax")
-    prob = (logp - top[index]).exp()  # stable: the likeliest candidate of each answer has 1
+    if weighting == "uniform":
+        prob = torch.ones_like(logp)
+    else:
+        top = torch.full((num_groups,), float("-inf"), dtype=STATS_DTYPE).scatter_reduce(
+            0, index, logp, "amax"
+        )
+        prob = (logp - top[index]).exp()  # stable: the likeliest candidate of each answer has 1
     total = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, prob)
     weight = prob / total[index]
     expected = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, weight * values)
     return (weight * (values - expected[index])).to(ADVANTAGE_DTYPE)
+
+
+def contrast_confidence_advantages(
+    rewards: torch.Tensor | Sequence[float], candidate_values: Sequence[float], answer_ids: Ids
+) -> torch.Tensor:
+    """``rlcr.candidate_baseline=batch`` (uniform weights): candidate ``c`` of answer ``i`` gets
+    ``(R_ic - mean_j R_jc) / K_i``, its reward against the mean reward of the same value ``c`` over
+    every answer ``j`` of the batch, ``K_i`` the answer's candidate count.
+
+    For the Brier reward ``R_ic = 1 - (y_i - c)^2`` this is ``(y_i - mean y)(2c - 1) / K_i``: right
+    answers push every candidate up in proportion to its value and wrong ones down, and what all
+    answers share (the batch's base rate) no longer moves the confidence (decision 218).
+    """
+    values = torch.as_tensor(rewards, dtype=STATS_DTYPE).reshape(-1)
+    ids = _as_ids(answer_ids)
+    if not (len(ids) == values.numel() == len(candidate_values)):
+        raise BatchContractError(
+            f"{values.numel()} rewards, {len(candidate_values)} candidate values, {len(ids)} answer ids"
+        )
+    if values.numel() == 0:
+        return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
+    by_value = group_index([round(float(v), 6) for v in candidate_values])
+    index = group_index(ids)
+    per_value = group_mean(values, by_value, int(by_value.max()) + 1)
+    count = torch.zeros(int(index.max()) + 1, dtype=STATS_DTYPE).index_add(0, index, torch.ones_like(values))
+    return ((values - per_value[by_value]) / count[index]).to(ADVANTAGE_DTYPE)
 
 
 @advantage_estimator("rlcr_hierarchical", required_meta=(F.GROUP_ID, F.SUBGROUP_ID, F.SAMPLE_TYPE))
@@ -176,9 +217,18 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
         candidate_of = batch.meta.get(CANDIDATE_OF) or [subgroups[i] for i in range(len(batch))]
         cand_rows = [i for i in conf_rows if candidate_of[i] is not None]
         analysis_rows = [i for i in conf_rows if candidate_of[i] is None]
-        if cand_rows:
+        if cand_rows and settings.candidate_baseline == "batch":
+            row[cand_rows] = settings.lambda_conf * contrast_confidence_advantages(
+                rewards[cand_rows],
+                [batch.meta[CONFIDENCE][i] for i in cand_rows],
+                [candidate_of[i] for i in cand_rows],
+            )
+        elif cand_rows:
             row[cand_rows] = settings.lambda_conf * expected_confidence_advantages(
-                rewards[cand_rows], sums[cand_rows], [candidate_of[i] for i in cand_rows]
+                rewards[cand_rows],
+                sums[cand_rows],
+                [candidate_of[i] for i in cand_rows],
+                weighting=settings.candidate_weighting,
             )
         if analysis_rows:  # rewarded with the expected Brier reward after them: per answer, as sampled
             row[analysis_rows] = settings.lambda_conf * confidence_advantages(

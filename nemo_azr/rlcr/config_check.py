@@ -8,6 +8,8 @@ from nemo_azr.rlcr.common import confidence_candidate_texts
 
 ANSWER_DECODINGS = ("sample", "greedy", "greedy_and_sample")  # rlcr.answer_decoding
 CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
+CANDIDATE_WEIGHTINGS = ("policy", "uniform")  # rlcr.candidate_weighting
+CANDIDATE_BASELINES = ("answer", "batch")  # rlcr.candidate_baseline
 
 
 def check_rlcr_config(cfg: NemoAzrConfig) -> None:
@@ -52,6 +54,18 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
         one_of("rlcr.confidence_decoding", r.confidence_decoding, CONFIDENCE_DECODINGS)
         if r.confidence_decoding == "enumerate" or r.expected_confidence_readout:
             _check_enumerated_confidences(cfg)
+        one_of("rlcr.candidate_weighting", r.candidate_weighting, CANDIDATE_WEIGHTINGS)
+        require(
+            r.candidate_weighting == "policy" or r.confidence_decoding == "enumerate",
+            f"rlcr.candidate_weighting={r.candidate_weighting} weighs enumerated candidates: set "
+            "rlcr.confidence_decoding=enumerate (sampled confidences are weighed by being sampled)",
+        )
+        one_of("rlcr.candidate_baseline", r.candidate_baseline, CANDIDATE_BASELINES)
+        require(
+            r.candidate_baseline == "answer" or r.candidate_weighting == "uniform",
+            f"rlcr.candidate_baseline={r.candidate_baseline} compares each candidate value across the "
+            "step's answers with uniform weights: set rlcr.candidate_weighting=uniform",
+        )
         require(
             r.analyses_per_answer >= 0, f"rlcr.analyses_per_answer must be >= 0, got {r.analyses_per_answer}"
         )

@@ -105,7 +105,7 @@ class TwoTurnRLCRWorkflow:
         text = self.settings.confidence_prompt.replace("{question}", example.question)
         return turn_suffix_ids(self.tokenizer, text.replace("{answer}", answer))
 
-    def _confidence_context(
+    def confidence_context(
         self, prompt_ids: list[int], answer_ids: list[int], example: Example, answer_text: str
     ) -> list[int]:
         """Turn 2's context: the conversation holding the answer, the confidence request, the prefill."""
@@ -192,7 +192,7 @@ class TwoTurnRLCRWorkflow:
                         GREEDY_ANSWER: k < untrained,
                     },
                 )
-                context = self._confidence_context(prompt_ids[i], sample.token_ids, ex, sample.text)
+                context = self.confidence_context(prompt_ids[i], sample.token_ids, ex, sample.text)
                 pairs.append((i, group, answer_id, context, acc))
 
         # --- turn 2: G_c confidences per answer, every (prompt, answer) pair in one call --------
@@ -423,7 +423,7 @@ class TwoTurnRLCRWorkflow:
             )
             if self.settings.warmup_answer_turn:
                 pairs.append((prompt, answer))
-            context = self._confidence_context(
+            context = self.confidence_context(
                 prompt, answer, ex, tok.decode(answer, skip_special_tokens=True)
             )
             pairs.append((context, _target_ids(tok, confidence_target(rng, self.prefill))))

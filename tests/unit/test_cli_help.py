@@ -37,4 +37,9 @@ def test_eval_summary_line_names_each_kinds_accuracy_or_within_kind_auroc():
     )
     rlcr = {"by_kind": {"pair_lookup": {"auroc": 0.61234, "ece": 0.1}, "word_sub": {"auroc": None}}}
     assert _per_kind(rlcr) == " (AUROC within a kind: pair_lookup 0.612, word_sub n/a)"
+    # where confidences failed to parse, the AUROC says over how many of the kind's answers it is
+    broken = {"by_kind": {"table_lookup": {"auroc": 0.9643, "n": 17, "num_answers": 155}}}
+    assert _per_kind(broken) == " (AUROC within a kind: table_lookup 0.964 over 17 of 155)"
+    full = {"by_kind": {"table_lookup": {"auroc": 0.5, "n": 155, "num_answers": 155}}}
+    assert _per_kind(full) == " (AUROC within a kind: table_lookup 0.5)"
     assert _per_kind({}) == ""

@@ -266,3 +266,83 @@ def test_expected_advantages_under_the_ppo_ratio_are_the_exact_expected_brier_gr
     (reference,) = torch.autograd.grad(-expected_reward, theta)
     torch.testing.assert_close(grad, reference, rtol=1e-5, atol=1e-6)
     assert reference.abs().sum() > 0
+
+
+def test_uniform_candidate_weighting_by_hand():
+    from nemo_azr.rlcr.advantages import expected_confidence_advantages
+
+    # the rows of the test above: uniform weights ignore the log-probs, w = 1/3 within each answer
+    cands = [0.0, 0.5, 1.0]
+    rows = [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    acc = {"a": 1.0, "b": 0.0}
+    rewards = [1 - (acc[k] - cands[j]) ** 2 for k, j in rows]
+    logprobs = [-0.1, -5.0, -3.0, -0.2, -9.0, -1.0]
+    adv = expected_confidence_advantages(rewards, logprobs, [k for k, _ in rows], weighting="uniform")
+    # a: R = [0, 0.75, 1], mean 1.75/3; b: R = [1, 0.75, 0], mean 1.75/3
+    mean = 1.75 / 3
+    expected = {
+        ("a", 0): (0 - mean) / 3,
+        ("a", 1): (0.75 - mean) / 3,
+        ("a", 2): (1 - mean) / 3,
+        ("b", 0): (1 - mean) / 3,
+        ("b", 1): (0.75 - mean) / 3,
+        ("b", 2): (0 - mean) / 3,
+    }
+    assert adv.tolist() == pytest.approx([expected[r] for r in rows], abs=1e-6)
+    with pytest.raises(ValueError, match="weighting"):
+        expected_confidence_advantages(rewards, logprobs, [k for k, _ in rows], weighting="softmax")
+
+
+def _train_confidence_logits(weighting: str, accuracy: float, steps: int, lr: float) -> torch.Tensor:
+    """Logits over the eleven candidates 0.0-1.0 for one context whose answers are right with
+    probability ``accuracy``, trained by gradient descent on the PPO surrogate of the enumerated
+    advantages (each step one right and one wrong answer, weighed by ``accuracy``), starting almost
+    surely at 0.9: the state of a confidence turn that writes one value for every answer."""
+    from nemo_azr.rlcr.advantages import expected_confidence_advantages
+
+    cands = torch.linspace(0, 1, 11, dtype=torch.float64)
+    logits = torch.full((11,), -6.0, dtype=torch.float64)
+    logits[9] = 6.0
+    logits.requires_grad_(True)
+    for _ in range(steps):
+        logp = logits.log_softmax(-1)
+        loss = torch.zeros((), dtype=torch.float64)
+        for right, share in ((1.0, accuracy), (0.0, 1 - accuracy)):
+            rewards = 1 - (right - cands) ** 2
+            adv = expected_confidence_advantages(rewards, logp.detach(), ["x"] * 11, weighting=weighting)
+            loss = loss - share * ((logp - logp.detach()).exp() * adv.to(torch.float64)).sum()
+        (grad,) = torch.autograd.grad(loss, logits)
+        with torch.no_grad():
+            logits -= lr * grad
+    return logits.detach()
+
+
+def test_uniform_weighting_moves_a_one_value_policy_to_the_brier_best_candidate():
+    """Where the policy writes 0.9 almost surely and the answers are right 30% of the time, the
+    policy-weighted (exact) gradient does not move its likeliest value in 400 steps, while uniform weights move its
+    likeliest value to 0.3, the candidate with the best expected Brier reward (1 - E(y - c)^2 is
+    largest at c = P(right))."""
+    uniform = _train_confidence_logits("uniform", accuracy=0.3, steps=400, lr=3.0)
+    policy = _train_confidence_logits("policy", accuracy=0.3, steps=400, lr=3.0)
+    assert int(uniform.argmax()) == 3
+    assert int(policy.argmax()) == 9
+
+
+def test_contrast_candidate_advantages_by_hand():
+    from nemo_azr.rlcr.advantages import contrast_confidence_advantages
+
+    # a right and a wrong answer, candidates 0.0 / 0.5 / 1.0, interleaved rows; per value the batch
+    # means are 0.5 / 0.75 / 0.5, so right: [-0.5, 0, 0.5] / 3 and wrong: [0.5, 0, -0.5] / 3,
+    # i.e. (y - mean y)(2c - 1) / K
+    cands = [0.0, 0.5, 1.0]
+    rows = [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    acc = {"a": 1.0, "b": 0.0}
+    rewards = [1 - (acc[k] - cands[j]) ** 2 for k, j in rows]
+    adv = contrast_confidence_advantages(rewards, [cands[j] for _, j in rows], [k for k, _ in rows])
+    expected = [(acc[k] - 0.5) * (2 * cands[j] - 1) / 3 for k, j in rows]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    # every answer right: nothing tells them apart, nothing moves
+    same = contrast_confidence_advantages([0.0, 0.75, 1.0] * 2, cands * 2, ["a"] * 3 + ["b"] * 3)
+    assert same.abs().max() == 0
+    with pytest.raises(BatchContractError, match="candidate values"):
+        contrast_confidence_advantages([1.0, 0.0], [0.0], ["a", "a"])

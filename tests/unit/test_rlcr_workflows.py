@@ -657,6 +657,23 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
             ],
             "rlcr.analyses_per_answer must be >= 0",
         ),
+        (["rlcr.candidate_weighting=uniform"], "weighs enumerated candidates"),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_weighting=softmax",
+            ],
+            "rlcr.candidate_weighting",
+        ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_baseline=batch",
+            ],
+            "set rlcr.candidate_weighting=uniform",
+        ),
     ],
 )
 def test_enumerated_confidence_config_validation(tiny_cache, overrides, message):
