@@ -218,6 +218,11 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
         cand_rows = [i for i in conf_rows if candidate_of[i] is not None]
         analysis_rows = [i for i in conf_rows if candidate_of[i] is None]
         if cand_rows and settings.candidate_baseline == "batch":
+            if CONFIDENCE not in batch.meta:
+                raise BatchContractError(
+                    "rlcr.candidate_baseline=batch compares candidates of the same value: the batch "
+                    f"needs each candidate row's value in meta {CONFIDENCE!r}"
+                )
             row[cand_rows] = settings.lambda_conf * contrast_confidence_advantages(
                 rewards[cand_rows],
                 [batch.meta[CONFIDENCE][i] for i in cand_rows],

@@ -609,6 +609,42 @@ def test_two_turn_enumerated_confidences_weigh_every_candidate_by_its_probabilit
         wf.run(_examples(), ScriptedBackend(tok, ["7"], ["0.5"]), SamplingParams(n=8), step=1)
 
 
+@pytest.mark.parametrize("baseline", ["answer", "batch"])
+def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cache, baseline):
+    """rlcr.candidate_weighting=uniform: the workflow's candidate rows get 1/K (R_c - mean of the
+    answer's R) whatever the backend's probabilities; with rlcr.candidate_baseline=batch, (R_ic - the
+    batch's mean R of value c) / K = (y_i - mean y)(2c - 1) / K for the Brier reward."""
+    cfg = _cfg(
+        tiny_cache,
+        *GREEDY_ENUMERATED,
+        "rlcr.lambda_conf=1.0",
+        "rlcr.candidate_weighting=uniform",
+        f"rlcr.candidate_baseline={baseline}",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    backend = ScoringBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], [0.2, 0.3, 0.5])
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
+
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
+    accs = sorted({batch[ANSWER_CORRECT][i] for i in rows})
+    assert accs == [0.0, 1.0]  # one right and one wrong answer: the contrast has something to contrast
+    values = [0.1, 0.5, 0.9]
+    for i in rows:
+        h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+        acc = batch[ANSWER_CORRECT][i]
+        rewards = [1 - (acc - v) ** 2 for v in values]
+        if baseline == "answer":
+            expected = (rewards[h] - sum(rewards) / 3) / 3
+        else:
+            expected = (acc - 0.5) * (2 * values[h] - 1) / 3
+        mask = batch[F.LOSS_MASK][i].bool()
+        row = advantages[i][mask].float()
+        assert torch.allclose(row, torch.full_like(row, expected), atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
