@@ -26,12 +26,13 @@ from collections.abc import Hashable, Sequence
 import torch
 
 from nemo_azr.algorithms.advantages import ADVANTAGE_DTYPE, STATS_DTYPE, advantage_estimator, sequence_rewards
-from nemo_azr.algorithms.grouping import group_index, group_mean, group_range, group_std
+from nemo_azr.algorithms.grouping import group_index, group_mean, group_range, group_size, group_std
 from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
 from nemo_azr.rlcr.common import CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER
+from nemo_azr.rlcr.config_check import CANDIDATE_WEIGHTINGS
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
 RLCR_INFO_KEY = "rlcr"
@@ -121,8 +122,8 @@ def expected_confidence_advantages(
     above the candidates' mean whatever its probability, so the likeliest value keeps moving towards
     the Brier-best one for the answer's context (decision 218).
     """
-    if weighting not in ("policy", "uniform"):
-        raise ValueError(f"weighting must be 'policy' or 'uniform', got {weighting!r}")
+    if weighting not in CANDIDATE_WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {CANDIDATE_WEIGHTINGS}, got {weighting!r}")
     values = torch.as_tensor(rewards, dtype=STATS_DTYPE).reshape(-1)
     logp = torch.as_tensor(logprobs, dtype=STATS_DTYPE).reshape(-1)
     ids = _as_ids(answer_ids)
@@ -167,7 +168,7 @@ def contrast_confidence_advantages(
     by_value = group_index([round(float(v), 6) for v in candidate_values])
     index = group_index(ids)
     per_value = group_mean(values, by_value, int(by_value.max()) + 1)
-    count = torch.zeros(int(index.max()) + 1, dtype=STATS_DTYPE).index_add(0, index, torch.ones_like(values))
+    count = group_size(index, int(index.max()) + 1).to(STATS_DTYPE)
     return ((values - per_value[by_value]) / count[index]).to(ADVANTAGE_DTYPE)
 
 
