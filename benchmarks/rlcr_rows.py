@@ -5,7 +5,8 @@ A two-turn RLCR model separates right from wrong answers within a kind only if s
 tells them apart. On the synthetic_qa lookups that something is the asked row: SmolLM2 answers the
 last-listed value, so it is right on the last row and wrong on the others (docs/real_model.md). This
 prints, for each evaluation folder (``nemo-azr eval`` output: ``samples.jsonl`` and ``metrics.json``),
-per kind: answers, accuracy, within-kind AUROC, mean confidence of right and wrong answers; and per
+per kind: answers, accuracy, within-kind AUROC and over how many parsed confidences it is taken, mean
+confidence of right and wrong answers; and per
 lookup kind and asked row: answers, right, mean confidence (and the mean expected confidence over
 the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``).
 
@@ -74,9 +75,9 @@ def report(folder: Path) -> str:
     lines = [
         f"## {folder}",
         "",
-        "| kind | answers | accuracy | AUROC | confidence right | confidence wrong |",
+        "| kind | answers | accuracy | AUROC | confidences parsed | confidence right | confidence wrong |",
     ]
-    lines.append("| --- | --- | --- | --- | --- | --- |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
     by_kind: dict[str, list[dict]] = defaultdict(list)
     for r in answers:
         by_kind[r.get("kind", "?")].append(r)
@@ -88,7 +89,7 @@ def report(folder: Path) -> str:
         auroc = metrics.get("by_kind", {}).get(kind, {}).get("auroc")
         lines.append(
             f"| {kind} | {len(rs)} | {_f(_mean([float(r['reward'] > 0) for r in rs]))} | {_f(auroc)} | "
-            f"{_f(_mean(right))} | {_f(_mean(wrong))} |"
+            f"{len(right) + len(wrong)} | {_f(_mean(right))} | {_f(_mean(wrong))} |"
         )
     has_expected = any(r["expected_confidence"] is not None for r in answers)
     lines += [

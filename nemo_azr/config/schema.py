@@ -396,6 +396,11 @@ class RLCRConfig:
     # same candidate value over the step's answers, so only what tells answers apart moves the
     # confidence (for the Brier reward (y - mean y)(2c - 1) / K), not what all answers share
     candidate_baseline: str = "answer"
+    # enumerate: c >= 0 adds c * pi~(cand) to each candidate's advantage (pi~ the policy's probability
+    # renormalised over the answer's candidates): the gradient of c * log(the probability of writing
+    # any candidate), which keeps the mass on well-formed confidences without pulling the values apart
+    # (decision 220). 0: off
+    candidate_mass_coef: float = 0.0
     # enumerate: N > 0 analyses sampled per answer (after a prefilled <analysis> tag, up to
     # </analysis> or confidence_max_new_tokens), each followed by the <confidence> prefill and every
     # candidate; the analyses are rewarded with the expected Brier reward after them, normalised over

@@ -134,16 +134,43 @@ def expected_confidence_advantages(
     index = group_index(ids)
     num_groups = int(index.max()) + 1
     if weighting == "uniform":
-        prob = torch.ones_like(logp)
+        weight = group_share(torch.ones_like(logp), index, num_groups)
     else:
-        top = torch.full((num_groups,), float("-inf"), dtype=STATS_DTYPE).scatter_reduce(
-            0, index, logp, "amax"
-        )
-        prob = (logp - top[index]).exp()  # stable: the likeliest candidate of each answer has 1
-    total = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, prob)
-    weight = prob / total[index]
+        weight = candidate_probabilities(logp, answer_ids)
     expected = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, weight * values)
     return (weight * (values - expected[index])).to(ADVANTAGE_DTYPE)
+
+
+def group_share(values: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Each row's share of its group's total (``values`` >= 0, every group's total > 0)."""
+    total = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, values)
+    return values / total[index]
+
+
+def candidate_probabilities(logprobs: torch.Tensor | Sequence[float], answer_ids: Ids) -> torch.Tensor:
+    """``pi~(c)``: the policy's probability of each candidate renormalised over its answer's candidates,
+    from the candidates' sequence log-probs (``float64[N]``)."""
+    logp = torch.as_tensor(logprobs, dtype=STATS_DTYPE).reshape(-1)
+    index = group_index(_as_ids(answer_ids))
+    num_groups = int(index.max()) + 1
+    top = torch.full((num_groups,), float("-inf"), dtype=STATS_DTYPE).scatter_reduce(0, index, logp, "amax")
+    # stable: the likeliest candidate of each answer has 1 before the division
+    return group_share((logp - top[index]).exp(), index, num_groups)
+
+
+def candidate_mass_advantages(
+    logprobs: torch.Tensor | Sequence[float], answer_ids: Ids, coef: float
+) -> torch.Tensor:
+    """``rlcr.candidate_mass_coef``: ``coef * pi~(c)`` for each candidate, whose policy-gradient step is
+    ``coef * grad log M``, ``M = sum_c pi(c)`` the probability of writing any candidate after the tag
+    (``grad log M = sum_c pi~(c) grad log pi(c)``). It raises the candidates together, in proportion
+    to how the policy already shares them out, so to first order their relative probabilities (what
+    the Brier advantages move) stay where they are; it vanishes as ``M`` nears 1 (decision 220).
+    The enumeration scores only the candidates, so an advantage on them is all a step can use; this
+    one is the exact gradient of the format's log-probability, not a heuristic push."""
+    if len(_as_ids(answer_ids)) == 0:
+        return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
+    return (coef * candidate_probabilities(logprobs, answer_ids)).to(ADVANTAGE_DTYPE)
 
 
 def contrast_confidence_advantages(
@@ -235,6 +262,10 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
                 sums[cand_rows],
                 [candidate_of[i] for i in cand_rows],
                 weighting=settings.candidate_weighting,
+            )
+        if cand_rows and settings.candidate_mass_coef > 0:
+            row[cand_rows] += settings.lambda_conf * candidate_mass_advantages(
+                sums[cand_rows], [candidate_of[i] for i in cand_rows], settings.candidate_mass_coef
             )
         if analysis_rows:  # rewarded with the expected Brier reward after them: per answer, as sampled
             row[analysis_rows] = settings.lambda_conf * confidence_advantages(

@@ -67,6 +67,14 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             "step's answers with uniform weights: set rlcr.candidate_weighting=uniform",
         )
         require(
+            r.candidate_mass_coef >= 0, f"rlcr.candidate_mass_coef must be >= 0, got {r.candidate_mass_coef}"
+        )
+        require(
+            r.candidate_mass_coef == 0 or r.confidence_decoding == "enumerate",
+            "rlcr.candidate_mass_coef keeps the probability on the enumerated candidates: set "
+            "rlcr.confidence_decoding=enumerate",
+        )
+        require(
             r.analyses_per_answer >= 0, f"rlcr.analyses_per_answer must be >= 0, got {r.analyses_per_answer}"
         )
         require(

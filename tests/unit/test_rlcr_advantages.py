@@ -346,3 +346,80 @@ def test_contrast_candidate_advantages_by_hand():
     assert same.abs().max() == 0
     with pytest.raises(BatchContractError, match="candidate values"):
         contrast_confidence_advantages([1.0, 0.0], [0.0], ["a", "a"])
+
+
+def test_candidate_mass_advantages_are_the_gradient_of_the_log_mass():
+    """``coef * pi~(c)`` under the PPO ratio has the gradient of ``-coef * log sum_c pi(c)`` (torch
+    autograd of the log mass as the reference), the candidates holding part of the mass; by hand:
+    pi~ = [0.2, 0.6, 0.2] gives [0.1, 0.3, 0.1] at coef 0.5, whatever the mass outside."""
+    from nemo_azr.rlcr.advantages import candidate_mass_advantages
+
+    torch.manual_seed(1)
+    theta = torch.randn(2, 7, dtype=torch.float64, requires_grad=True)  # two answers, a 7-token vocab
+    cands = [0, 2, 5]
+    logp = theta.log_softmax(-1)[:, cands]
+    adv = candidate_mass_advantages(logp.detach().reshape(-1), ["a"] * 3 + ["b"] * 3, 0.7).to(torch.float64)
+    surrogate = -((logp - logp.detach()).exp().reshape(-1) * adv).sum()
+    (grad,) = torch.autograd.grad(surrogate, theta)
+    mass = theta.softmax(-1)[:, cands].sum(-1)
+    (reference,) = torch.autograd.grad(-0.7 * mass.log().sum(), theta)
+    torch.testing.assert_close(grad, reference, rtol=1e-5, atol=1e-6)
+    assert reference.abs().sum() > 0
+
+    by_hand = candidate_mass_advantages([math.log(0.02), math.log(0.06), math.log(0.02)], ["x"] * 3, 0.5)
+    assert by_hand.tolist() == pytest.approx([0.1, 0.3, 0.1], abs=1e-6)
+    assert candidate_mass_advantages([], [], 0.5).numel() == 0
+
+
+def _enumerated_batch(settings: RLCRConfig) -> tuple[Batch, list[tuple[str, float]]]:
+    """One prompt, a right answer "a" and a wrong one "b", candidates 0.0 / 0.5 / 1.0 after each with
+    one-token log-probs (rows in a shuffled order, as the workflow may hand them over)."""
+    from nemo_azr.rlcr.common import CANDIDATE_OF, CONFIDENCE
+
+    probs = {"a": [0.1, 0.2, 0.5], "b": [0.3, 0.3, 0.2]}  # 0.8 of the mass on the candidates each
+    acc = {"a": 1.0, "b": 0.0}
+    cands = [0.0, 0.5, 1.0]
+    rows = [("b", 1), ("a", 0), ("a", 2), ("b", 0), ("a", 1), ("b", 2)]
+    logprobs = torch.zeros(len(rows), 3)
+    logprobs[:, 2] = torch.tensor([math.log(probs[k][j]) for k, j in rows])
+    batch = Batch(
+        {
+            F.INPUT_IDS: torch.ones(len(rows), 3, dtype=torch.long),
+            F.ATTENTION_MASK: torch.ones(len(rows), 3, dtype=torch.long),
+            F.LOSS_MASK: torch.tensor([[0, 0, 1]] * len(rows), dtype=torch.float32),
+            F.REWARDS: torch.tensor([1 - (acc[k] - cands[j]) ** 2 for k, j in rows]),
+            F.OLD_LOGPROBS: logprobs,
+        },
+        {
+            F.UID: [f"u{i}" for i in range(len(rows))],
+            F.GROUP_ID: ["p0"] * len(rows),
+            F.SUBGROUP_ID: [k for k, _ in rows],
+            F.SAMPLE_TYPE: ["confidence"] * len(rows),
+            CANDIDATE_OF: [k for k, _ in rows],
+            CONFIDENCE: [cands[j] for _, j in rows],
+        },
+        {RLCR_INFO_KEY: settings},
+    )
+    return batch, [(k, cands[j]) for k, j in rows]
+
+
+def test_estimator_adds_the_candidate_mass_term_to_the_contrast_by_hand():
+    settings = RLCRConfig(
+        confidence_decoding="enumerate",
+        candidate_weighting="uniform",
+        candidate_baseline="batch",
+        candidate_mass_coef=0.4,
+        lambda_conf=2.0,
+    )
+    batch, rows = _enumerated_batch(settings)
+    adv, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
+    # contrast (y - 0.5)(2c - 1) / 3; mass 0.4 * pi~: a [1/8, 2/8, 5/8], b [3/8, 3/8, 2/8]; times 2
+    share = {"a": [0.125, 0.25, 0.625], "b": [0.375, 0.375, 0.25]}
+    y = {"a": 1.0, "b": 0.0}
+    expected = [2.0 * ((y[k] - 0.5) * (2 * c - 1) / 3 + 0.4 * share[k][int(c * 2)]) for k, c in rows]
+    assert adv[:, 2].tolist() == pytest.approx(expected, abs=1e-6)
+    assert adv[:, :2].abs().max() == 0
+    without = RLCRConfig(**{**settings.__dict__, "candidate_mass_coef": 0.0})
+    plain, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(_enumerated_batch(without)[0], AlgorithmConfig())
+    contrast = [2.0 * (y[k] - 0.5) * (2 * c - 1) / 3 for k, c in rows]
+    assert plain[:, 2].tolist() == pytest.approx(contrast, abs=1e-6)

@@ -710,6 +710,15 @@ def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cach
             ],
             "set rlcr.candidate_weighting=uniform",
         ),
+        (["rlcr.candidate_mass_coef=0.2"], "keeps the probability on the enumerated candidates"),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_mass_coef=-0.1",
+            ],
+            "rlcr.candidate_mass_coef must be >= 0",
+        ),
     ],
 )
 def test_enumerated_confidence_config_validation(tiny_cache, overrides, message):
