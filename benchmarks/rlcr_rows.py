@@ -49,7 +49,8 @@ def _f(value: float | None) -> str:
 
 
 def rows(folder: Path) -> list[dict]:
-    """Answer records joined with their confidence turn's parsed value."""
+    """Answer records joined with their confidence turn's parsed value (two turns) or carrying their
+own (single turn), and whether the answer is right."""
     records = [
         json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()
     ]
@@ -64,8 +65,11 @@ def rows(folder: Path) -> list[dict]:
     expected = {r["prompt_id"]: r.get("expected_confidence") for r in turn2}
     answers = [r for r in records if r.get("sample_type", "answer") == "answer"]
     for r in answers:
-        r["stated_confidence"] = confidence.get(r["prompt_id"])
-        r["expected_confidence"] = expected.get(r["prompt_id"])
+        # a single-turn reply states its confidence in the answer record itself
+        r["stated_confidence"] = confidence.get(r["prompt_id"], r.get("confidence"))
+        r["expected_confidence"] = expected.get(r["prompt_id"], r.get("expected_confidence"))
+        # right by the answer check (the single turn's reward also holds format and Brier terms)
+        r["right"] = float(r["answer_correct"]) > 0 if "answer_correct" in r else r["reward"] > 0
     return answers
 
 
@@ -82,13 +86,13 @@ def report(folder: Path) -> str:
     for r in answers:
         by_kind[r.get("kind", "?")].append(r)
     for kind, rs in sorted(by_kind.items()):
-        right = [r["stated_confidence"] for r in rs if r["reward"] > 0 and r["stated_confidence"] is not None]
+        right = [r["stated_confidence"] for r in rs if r["right"] and r["stated_confidence"] is not None]
         wrong = [
-            r["stated_confidence"] for r in rs if r["reward"] <= 0 and r["stated_confidence"] is not None
+            r["stated_confidence"] for r in rs if not r["right"] and r["stated_confidence"] is not None
         ]
         auroc = metrics.get("by_kind", {}).get(kind, {}).get("auroc")
         lines.append(
-            f"| {kind} | {len(rs)} | {_f(_mean([float(r['reward'] > 0) for r in rs]))} | {_f(auroc)} | "
+            f"| {kind} | {len(rs)} | {_f(_mean([float(r['right']) for r in rs]))} | {_f(auroc)} | "
             f"{len(right) + len(wrong)} | {_f(_mean(right))} | {_f(_mean(wrong))} |"
         )
     has_expected = any(r["expected_confidence"] is not None for r in answers)
@@ -108,7 +112,7 @@ def report(folder: Path) -> str:
             exp = [r["expected_confidence"] for r in rs if r["expected_confidence"] is not None]
             lines.append(
                 f"| {kind} | {row if row is not None else '?'} | {len(rs)} | "
-                f"{sum(r['reward'] > 0 for r in rs)} | {_f(_mean(conf))} |"
+                f"{sum(r['right'] for r in rs)} | {_f(_mean(conf))} |"
                 + (f" {_f(_mean(exp))} |" if has_expected else "")
             )
     return "\n".join(lines) + "\n"

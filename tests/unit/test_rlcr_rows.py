@@ -50,3 +50,22 @@ def test_enumerated_candidate_rows_do_not_replace_the_stated_confidence(tmp_path
     (answer,) = rlcr_rows.rows(tmp_path)
     assert answer["stated_confidence"] == 0.5
     assert answer["expected_confidence"] == 0.42
+
+
+def test_single_turn_answers_carry_their_own_confidence_and_are_right_by_the_answer_check(tmp_path: Path):
+    # single-turn records: no confidence rows; the reward (format + accuracy + Brier) is positive for
+    # a wrong answer too, so rightness is the answer check's
+    base = {"question": "Ages: Dina 17, Fay 96. What is the age of Dina?", "kind": "pair_lookup"}
+    records = [
+        {**base, "prompt_id": "qa-0", "sample_type": "answer", "reward": 0.69, "answer_correct": 0.0,
+         "confidence": 0.9},
+        {**base, "prompt_id": "qa-1", "sample_type": "answer", "reward": 2.46, "answer_correct": 1.0,
+         "confidence": 0.8},
+    ]  # fmt: skip
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "metrics.json").write_text(json.dumps({"by_kind": {"pair_lookup": {"auroc": 0.0}}}))
+    wrong, right = rlcr_rows.rows(tmp_path)
+    assert (wrong["right"], wrong["stated_confidence"]) == (False, 0.9)
+    assert (right["right"], right["stated_confidence"]) == (True, 0.8)
+    table = rlcr_rows.report(tmp_path)
+    assert "| pair_lookup | 2 | 0.500 | 0.000 | 2 | 0.800 | 0.900 |" in table
