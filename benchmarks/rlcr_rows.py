@@ -50,7 +50,7 @@ def _f(value: float | None) -> str:
 
 def rows(folder: Path) -> list[dict]:
     """Answer records joined with their confidence turn's parsed value (two turns) or carrying their
-own (single turn), and whether the answer is right."""
+    own (single turn), and whether the answer is right."""
     records = [
         json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()
     ]
@@ -87,9 +87,7 @@ def report(folder: Path) -> str:
         by_kind[r.get("kind", "?")].append(r)
     for kind, rs in sorted(by_kind.items()):
         right = [r["stated_confidence"] for r in rs if r["right"] and r["stated_confidence"] is not None]
-        wrong = [
-            r["stated_confidence"] for r in rs if not r["right"] and r["stated_confidence"] is not None
-        ]
+        wrong = [r["stated_confidence"] for r in rs if not r["right"] and r["stated_confidence"] is not None]
         auroc = metrics.get("by_kind", {}).get(kind, {}).get("auroc")
         lines.append(
             f"| {kind} | {len(rs)} | {_f(_mean([float(r['right']) for r in rs]))} | {_f(auroc)} | "

@@ -396,6 +396,11 @@ class RLCRConfig:
     # same candidate value over the step's answers, so only what tells answers apart moves the
     # confidence (for the Brier reward (y - mean y)(2c - 1) / K), not what all answers share
     candidate_baseline: str = "answer"
+    # candidate_baseline=batch: s in (0, 1], the advantage s * (batch contrast) + (1 - s) * (the answer
+    # baseline's). Each context's Brier-best value p then becomes base + (p - base) / (1 - s), base the
+    # batch's accuracy: 1 keeps the contrast alone (no level), below 1 sets the level and spreads the
+    # values 1 / (1 - s) times around it (decision 221)
+    candidate_batch_share: float = 1.0
     # enumerate: c >= 0 adds c * pi~(cand) to each candidate's advantage (pi~ the policy's probability
     # renormalised over the answer's candidates): the gradient of c * log(the probability of writing
     # any candidate), which keeps the mass on well-formed confidences without pulling the values apart

@@ -251,11 +251,16 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
                     "rlcr.candidate_baseline=batch compares candidates of the same value: the batch "
                     f"needs each candidate row's value in meta {CONFIDENCE!r}"
                 )
-            row[cand_rows] = settings.lambda_conf * contrast_confidence_advantages(
-                rewards[cand_rows],
-                [batch.meta[CONFIDENCE][i] for i in cand_rows],
-                [candidate_of[i] for i in cand_rows],
+            share = settings.candidate_batch_share
+            answers = [candidate_of[i] for i in cand_rows]
+            mixed = share * contrast_confidence_advantages(
+                rewards[cand_rows], [batch.meta[CONFIDENCE][i] for i in cand_rows], answers
             )
+            if share < 1:  # the answer baseline sets the level the contrast alone leaves free
+                mixed += (1 - share) * expected_confidence_advantages(
+                    rewards[cand_rows], sums[cand_rows], answers, weighting="uniform"
+                )
+            row[cand_rows] = settings.lambda_conf * mixed
         elif cand_rows:
             row[cand_rows] = settings.lambda_conf * expected_confidence_advantages(
                 rewards[cand_rows],

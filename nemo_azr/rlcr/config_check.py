@@ -67,6 +67,15 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             "step's answers with uniform weights: set rlcr.candidate_weighting=uniform",
         )
         require(
+            0 < r.candidate_batch_share <= 1,
+            f"rlcr.candidate_batch_share must be in (0, 1], got {r.candidate_batch_share}",
+        )
+        require(
+            r.candidate_batch_share == 1 or r.candidate_baseline == "batch",
+            "rlcr.candidate_batch_share mixes the batch contrast with the answer baseline: set "
+            "rlcr.candidate_baseline=batch",
+        )
+        require(
             r.candidate_mass_coef >= 0, f"rlcr.candidate_mass_coef must be >= 0, got {r.candidate_mass_coef}"
         )
         require(

@@ -423,3 +423,66 @@ def test_estimator_adds_the_candidate_mass_term_to_the_contrast_by_hand():
     plain, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(_enumerated_batch(without)[0], AlgorithmConfig())
     contrast = [2.0 * (y[k] - 0.5) * (2 * c - 1) / 3 for k, c in rows]
     assert plain[:, 2].tolist() == pytest.approx(contrast, abs=1e-6)
+
+
+def _lookup_batch(settings: RLCRConfig) -> tuple[Batch, list[tuple[str, float]]]:
+    """Two contexts of 10 answers each, right 3 and 7 times (the batch's accuracy 0.5), the 11
+    candidates 0.0-1.0 after every answer, all equally likely."""
+    from nemo_azr.rlcr.common import CANDIDATE_OF, CONFIDENCE
+
+    cands = [round(0.1 * i, 1) for i in range(11)]
+    rows, rewards = [], []
+    for context, right in (("low", 3), ("high", 7)):
+        for k in range(10):
+            y = float(k < right)
+            for c in cands:
+                rows.append((f"{context}-{k}", context, c))
+                rewards.append(1 - (y - c) ** 2)
+    n = len(rows)
+    batch = Batch(
+        {
+            F.INPUT_IDS: torch.ones(n, 2, dtype=torch.long),
+            F.ATTENTION_MASK: torch.ones(n, 2, dtype=torch.long),
+            F.LOSS_MASK: torch.tensor([[0, 1]] * n, dtype=torch.float32),
+            F.REWARDS: torch.tensor(rewards),
+            F.OLD_LOGPROBS: torch.full((n, 2), -math.log(11)),
+        },
+        {
+            F.UID: [f"u{i}" for i in range(n)],
+            F.GROUP_ID: [r[0] for r in rows],
+            F.SUBGROUP_ID: [r[0] for r in rows],
+            F.SAMPLE_TYPE: ["confidence"] * n,
+            CANDIDATE_OF: [r[0] for r in rows],
+            CONFIDENCE: [r[2] for r in rows],
+        },
+        {RLCR_INFO_KEY: settings},
+    )
+    return batch, [(r[1], r[2]) for r in rows]
+
+
+@pytest.mark.parametrize(
+    ("baseline", "share", "best"),
+    [("answer", 1.0, (0.3, 0.7)), ("batch", 0.5, (0.1, 0.9)), ("batch", 1.0, (0.0, 1.0))],
+)
+def test_batch_share_spreads_each_contexts_best_value_around_the_base_rate(baseline, share, best):
+    """With uniform weights the advantages sum to 0 over an answer's candidates, so each logit moves
+    by its candidate's mean advantage over the context's answers and the likeliest value becomes the
+    one with the largest. Contexts right 30% and 70% of the time (base 0.5): the answer baseline's best
+    values are their accuracies; a batch share s moves them to 0.5 + (p - 0.5) / (1 - s) (0.1 and 0.9
+    at s = 0.5, the grid's ends at s = 1)."""
+    settings = RLCRConfig(
+        confidence_decoding="enumerate",
+        candidate_weighting="uniform",
+        candidate_baseline=baseline,
+        candidate_batch_share=share,
+    )
+    batch, rows = _lookup_batch(settings)
+    adv, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
+    push: dict[tuple[str, float], float] = {}
+    for (context, value), a in zip(rows, adv[:, 1].tolist()):
+        push[(context, value)] = push.get((context, value), 0.0) + a
+    got = tuple(
+        max((v for c, v in push if c == context), key=lambda v: push[(context, v)])
+        for context in ("low", "high")
+    )
+    assert got == best

@@ -715,6 +715,24 @@ def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cach
             [
                 'rlcr.confidence_prefill="<confidence>"',
                 "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_batch_share=0.5",
+            ],
+            "set rlcr.candidate_baseline=batch",
+        ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_weighting=uniform",
+                "rlcr.candidate_baseline=batch",
+                "rlcr.candidate_batch_share=0",
+            ],
+            "rlcr.candidate_batch_share must be in (0, 1]",
+        ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
                 "rlcr.candidate_mass_coef=-0.1",
             ],
             "rlcr.candidate_mass_coef must be >= 0",
