@@ -32,12 +32,14 @@ def policy_objective(
     num_seqs: int | None = None,
     norm_length: int | None = None,
     rollout_logprobs: torch.Tensor | None = None,
+    kl_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Scalar loss and float metrics from ``logprobs/old_logprobs/advantages/loss_mask[B, T]``.
 
     ``loss = agg(pg) + kl.coef * agg(kl) - entropy_coef * agg(entropy)`` where ``agg`` is
     :func:`aggregate_loss` with ``cfg.loss_agg_mode`` and the given global normalisers; the KL term is
-    only used with ``kl.mode == "loss"``. ``actor/pg_loss``, ``actor/kl_loss`` and ``actor/entropy`` are
+    only used with ``kl.mode == "loss"``, each row's penalty times ``kl_weight[B]`` where given
+    (``contracts.fields.KL_WEIGHT``). ``actor/pg_loss``, ``actor/kl_loss`` and ``actor/entropy`` are
     the aggregated terms (so they add up over micro-batches like the loss); the ratio metrics
     (``actor/clip_frac`` ...) are means over this call's trained tokens.
 
@@ -95,7 +97,7 @@ def policy_objective(
             raise BatchContractError(
                 "policy_objective: algorithm.kl.coef > 0 with kl.mode='loss' needs 'ref_logprobs' [B,T]"
             )
-        kl_loss = agg(kl_penalty(logprobs, ref_logprobs, cfg.kl.estimator))
+        kl_loss = agg(weighted_by_row(kl_penalty(logprobs, ref_logprobs, cfg.kl.estimator), kl_weight))
         loss = loss + cfg.kl.coef * kl_loss
         metrics["actor/kl_loss"] = float(kl_loss.detach())
 
@@ -107,8 +109,20 @@ def policy_objective(
     return loss, metrics
 
 
+def weighted_by_row(values: torch.Tensor, row_weight: torch.Tensor | None) -> torch.Tensor:
+    """``values[B, T] * row_weight[B, None]`` (``values`` itself when there are no weights)."""
+    if row_weight is None:
+        return values
+    if row_weight.dim() != 1 or row_weight.shape[0] != values.shape[0]:
+        raise BatchContractError(
+            f"{F.KL_WEIGHT!r} must be [B] = [{values.shape[0]}], got {list(row_weight.shape)}"
+        )
+    return values * row_weight.to(device=values.device, dtype=values.dtype)[:, None]
+
+
 def apply_kl_reward_penalty(batch: Batch, cfg: AlgorithmConfig) -> dict[str, float]:
-    """``token_rewards[B, T] -= kl.coef * kl(old_logprobs, ref_logprobs) * loss_mask`` (``kl.mode="reward"``).
+    """``token_rewards[B, T] -= kl.coef * kl(old_logprobs, ref_logprobs) * loss_mask`` (``kl.mode="reward"``),
+    each row's penalty times its ``kl_weight`` where the batch has them.
 
     The base token rewards are the existing ``token_rewards``, else ``rewards[B]`` at each row's last
     trained token. Does nothing (returns ``{}``) unless ``kl.mode == "reward"`` and ``kl.coef > 0``, so
@@ -125,6 +139,7 @@ def apply_kl_reward_penalty(batch: Batch, cfg: AlgorithmConfig) -> dict[str, flo
     mask = batch.tensors[F.LOSS_MASK]
     with torch.no_grad():
         kl = kl_penalty(batch.tensors[F.OLD_LOGPROBS], batch.tensors[F.REF_LOGPROBS], cfg.kl.estimator)
+        kl = weighted_by_row(kl, batch.tensors.get(F.KL_WEIGHT))
         if F.TOKEN_REWARDS in batch.tensors:
             base = batch.tensors[F.TOKEN_REWARDS]
         else:

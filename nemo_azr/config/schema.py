@@ -373,6 +373,14 @@ class RLCRConfig:
     # answers a greedy evaluation scores; needs num_generations_answer=1) or "greedy_and_sample" (the
     # argmax answer, untrained, then G_a - 1 sampled ones; decision 197)
     answer_decoding: str = "sample"
+    # two-turn, answer_decoding greedy / greedy_and_sample: true puts the argmax answers in the update
+    # with advantage 0 and their answer span in the loss mask, so only the KL term (algorithm.kl, to
+    # the reference) acts on them: it holds the answers the evaluation scores where the reference
+    # has them while the confidence turn trains the weights both turns share (decision 222)
+    greedy_answer_kl: bool = False
+    # two-turn: false leaves the confidence rows out of the KL term (contracts.fields.KL_WEIGHT 0),
+    # so algorithm.kl acts on the answer turn only (with greedy_answer_kl: on the argmax answers)
+    confidence_kl: bool = True
     # two-turn: text the confidence reply starts with, placed after the generation prompt as part of
     # the turn-2 context (not generated, not trained), e.g. "<confidence>": the model then writes only
     # the number and the closing tag. Parsed as prefill + reply. "" = the model writes the whole reply

@@ -27,6 +27,10 @@ SAMPLING_TEMPERATURE = "sampling_temperature"
 TOKEN_REWARDS = "token_rewards"
 ADVANTAGES = "advantages"
 RETURNS = "returns"
+#: [B] float, optional: each row's multiplier of the KL term (``algorithm.kl``; absent = 1 for every
+#: row). 0 leaves a row's tokens out of the KL term; a row whose advantage is 0 and weight 1 is held
+#: near the reference by the KL term alone
+KL_WEIGHT = "kl_weight"
 #: [B] preference data: 1 = chosen / desirable response, 0 = rejected / undesirable
 PREFERENCE_LABEL = "preference_label"
 

@@ -98,6 +98,7 @@ class _TokenTerms:
     ref: torch.Tensor | None  # None: no KL term
     need_entropy: bool
     rollout: torch.Tensor | None = None  # with old=None: token-level IS weights pi_old / pi_rollout
+    kl_w: torch.Tensor | None = None  # each selected token's row weight of the KL term (None: 1)
 
     def d_logprobs(self, lp: torch.Tensor, s: int, e: int) -> torch.Tensor:
         """``dL/dlogp[s:e]`` by autograd through the core's loss and KL formulas on the chunk."""
@@ -125,6 +126,8 @@ class _TokenTerms:
             total = (loss_mat * w).sum()
             if self.ref is not None:
                 kl = kl_penalty(x, self.ref[s:e], self.cfg.kl.estimator)
+                if self.kl_w is not None:
+                    kl = kl * self.kl_w[s:e]
                 total = total + self.cfg.kl.coef * (kl * w).sum()
             (g,) = torch.autograd.grad(total, x)
         return g
@@ -224,6 +227,15 @@ def _check_bt(name: str, t: torch.Tensor | None, shape: torch.Size) -> None:
         )
 
 
+def _row_weights_at(row_weight: torch.Tensor | None, shape: torch.Size, sel: torch.Tensor) -> torch.Tensor | None:
+    """``row_weight[B]`` at each selected token of ``[B, T]`` (``[N]`` float32; None stays None)."""
+    if row_weight is None:
+        return None
+    if row_weight.dim() != 1 or row_weight.shape[0] != shape[0]:
+        raise BatchContractError(f"kl_weight must be [B] = [{shape[0]}], got {list(row_weight.shape)}")
+    return row_weight.to(sel.device).float()[:, None].expand(shape)[sel]
+
+
 def fused_linear_policy_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -246,6 +258,7 @@ def fused_linear_policy_loss(
     process_group: dist.ProcessGroup | None = None,
     vocab_start: int | None = None,
     reduce_hidden_grad: bool = True,
+    kl_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``policy_objective`` on the log-probs of ``hidden[B, T, H] @ weight[V, H].T / T`` at ``targets[B, T]``.
 
@@ -255,7 +268,7 @@ def fused_linear_policy_loss(
     the current log-probs detached) and ``ref_logprobs`` are ``[B, T]``; ``num_tokens``,
     ``num_seqs``, ``norm_length``, ``rollout_logprobs`` and ``cfg`` mean what they mean for
     ``policy_objective`` (the single pass applies the importance weights per token chunk, so only
-    ``cfg.is_level="token"`` there).
+    ``cfg.is_level="token"`` there); ``kl_weight[B]`` scales each row's KL term, as there.
     ``compute_entropy`` (default: ``cfg.entropy_coef > 0``) adds the entropy term and the
     ``actor/entropy`` metric. With ``process_group``, ``weight`` is this rank's vocab shard starting
     at ``vocab_start`` (default ``rank * V_local``). Returns ``(loss, metrics)``; gradients reach
@@ -328,6 +341,7 @@ def fused_linear_policy_loss(
             ref=ref_logprobs[sel].float() if use_kl else None,
             need_entropy=need_entropy,
             rollout=rollout_in_kernel,
+            kl_w=_row_weights_at(kl_weight, shape, sel) if use_kl else None,
         )
         anchor, lp, ent = _FusedLinearPolicyLoss.apply(
             h_sel, weight, t_sel, terms, ops, temperature, chunk_size, ignore_index,
@@ -363,6 +377,7 @@ def fused_linear_policy_loss(
         num_seqs=num_seqs,
         norm_length=norm_length,
         rollout_logprobs=rollout_logprobs,
+        kl_weight=kl_weight,
     )
     if anchor is not None:
         loss = loss.detach() + anchor

@@ -51,6 +51,18 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
                 f"rlcr.num_generations_answer (G_a) must be >= 2 to normalise answers per prompt, got "
                 f"{r.num_generations_answer} (or rlcr.answer_decoding=greedy: one untrained answer per prompt)",
             )
+        kl_in_loss = cfg.algorithm.kl.coef > 0 and cfg.algorithm.kl.mode == "loss"
+        require(
+            not r.greedy_answer_kl or r.answer_decoding in ("greedy", "greedy_and_sample"),
+            "rlcr.greedy_answer_kl holds the argmax answers with the KL term: set rlcr.answer_decoding "
+            f"to greedy or greedy_and_sample, got {r.answer_decoding!r}",
+        )
+        require(
+            kl_in_loss or (not r.greedy_answer_kl and r.confidence_kl),
+            "rlcr.greedy_answer_kl / rlcr.confidence_kl=false choose the rows of the KL term: set "
+            f"algorithm.kl.coef > 0 with algorithm.kl.mode=loss (got coef {cfg.algorithm.kl.coef}, "
+            f"mode {cfg.algorithm.kl.mode})",
+        )
         one_of("rlcr.confidence_decoding", r.confidence_decoding, CONFIDENCE_DECODINGS)
         if r.confidence_decoding == "enumerate" or r.expected_confidence_readout:
             _check_enumerated_confidences(cfg)
@@ -105,6 +117,11 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"and the closing tag), got {r.confidence_prefill!r}",
         )
     else:
+        require(
+            not r.greedy_answer_kl and r.confidence_kl,
+            "rlcr.greedy_answer_kl / rlcr.confidence_kl choose the two-turn rollout's rows of the KL "
+            "term; the single turn has one reply per row (leave them at false / true)",
+        )
         require(
             not r.expected_confidence_readout,
             "rlcr.expected_confidence_readout scores the candidates after the two-turn rollout's prefilled "

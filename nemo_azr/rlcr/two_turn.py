@@ -30,6 +30,8 @@ import math
 import random
 from collections.abc import Sequence
 
+import torch
+
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.contracts.generation import (
@@ -158,6 +160,8 @@ class TwoTurnRLCRWorkflow:
             turn1 = backend.generate(requests, answer_sampling)
         # the first `untrained` answers of each prompt are argmax ones: scored, not trained
         untrained = {"greedy": s.num_generations_answer, "greedy_and_sample": 1}.get(s.answer_decoding, 0)
+        # rlcr.greedy_answer_kl: their answer span joins the loss (advantage 0): only the KL term acts
+        untrained_span = answer_span_mask if s.greedy_answer_kl else (lambda ids, _tok: [0] * len(ids))
 
         answers = RowBuffer()
         pairs = []  # (prompt index, group id, answer id, turn-2 context ids, accuracy)
@@ -172,7 +176,7 @@ class TwoTurnRLCRWorkflow:
                     reward=acc,
                     # Greedy answers are not trained: an argmax token has no sampling log-prob at the
                     # training temperature, and one answer per prompt has no baseline to compare with.
-                    span_mask=[0] * len(sample.token_ids)
+                    span_mask=untrained_span(sample.token_ids, tok)
                     if k < untrained
                     else answer_span_mask(sample.token_ids, tok),
                     **{
@@ -239,6 +243,9 @@ class TwoTurnRLCRWorkflow:
             rows.meta[GREEDY_ANSWER] = [greedy_by_answer[a] for a in rows.meta.get(F.SUBGROUP_ID, [])]
         pad = pad_id(tok)
         batch = Batch.concat([answers.build(pad), *(rows.build(pad) for rows in turn2)])
+        if not s.confidence_kl:  # rlcr.confidence_kl=false: the KL term acts on the answer rows only
+            is_answer = [t == SampleType.ANSWER.value for t in batch.meta[F.SAMPLE_TYPE]]
+            batch[F.KL_WEIGHT] = torch.tensor(is_answer, dtype=torch.float32)
         batch.info = {
             "max_new_tokens": max(answer_sampling.max_new_tokens, confidence_sampling.max_new_tokens),
             RLCR_INFO_KEY: s,

@@ -100,6 +100,40 @@ def test_analyses_before_enumerated_confidences_train_and_evaluate(tiny_cache, t
     assert "expected_confidence" in metrics
 
 
+@pytest.mark.parametrize("greedy_answer_kl", [True, False])
+def test_contrasted_candidates_with_the_kl_term_on_the_argmax_answers_train(
+    tiny_cache, tmp_path, greedy_answer_kl
+):
+    """The batch contrast mixed with the answer baseline, the mass term, and a KL term kept off the
+    confidence rows (rlcr.confidence_kl=false) through the trainer (the tiny experiment's warm-up
+    moves the policy from the KL reference first). With rlcr.greedy_answer_kl the update takes the
+    zero-advantage argmax answers and their KL term is not 0; without it no row carries a KL term."""
+    out = tmp_path / "run"
+    overrides = [
+        *_overrides("rlcr_two_turn", tiny_cache, out),
+        "rlcr.answer_decoding=greedy",
+        "rlcr.num_generations_answer=1",
+        'rlcr.confidence_prefill="<confidence>"',
+        "rlcr.confidence_decoding=enumerate",
+        "rlcr.confidence_candidates=[0.1,0.5,0.9]",
+        "rlcr.candidate_weighting=uniform",
+        "rlcr.candidate_baseline=batch",
+        "rlcr.candidate_batch_share=0.5",
+        "rlcr.candidate_mass_coef=0.5",
+        f"rlcr.greedy_answer_kl={str(greedy_answer_kl).lower()}",
+        "rlcr.confidence_kl=false",
+        "algorithm.kl.coef=0.5",
+    ]
+    result = Trainer(load_config(overrides)).fit()
+    assert result.status == "completed" and result.step == 2
+    records = read_metrics(out / "metrics.jsonl")
+    assert all(math.isfinite(r["actor/loss"]) and r["actor/grad_norm"] > 0 for r in records)
+    if greedy_answer_kl:
+        assert all(r["actor/kl_loss"] > 0 for r in records)
+    else:
+        assert all(r["actor/kl_loss"] == 0 for r in records)
+
+
 def test_eval_without_checkpoint_is_a_clear_error(tiny_cache, tmp_path, capsys):
     args = [
         "eval",

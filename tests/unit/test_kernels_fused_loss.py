@@ -83,7 +83,7 @@ def _cfg(agg="token-mean", **kw):
     return cfg
 
 
-def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64, rollout=None):
+def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64, rollout=None, kl_weight=None):
     """policy_objective on naive log-probs; returns loss, metrics and the grads of hidden / weight.
     ``rollout``: the advantages are first weighted by ``rollout_is_weights(pi_old, rollout)``."""
     h = p["hidden"].to(dtype).clone().requires_grad_(True)
@@ -108,6 +108,7 @@ def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64, rollout=None
         cfg=cfg,
         ref_logprobs=p["ref_logprobs"].to(dtype),
         entropy=ent if cfg.entropy_coef > 0 else None,
+        kl_weight=kl_weight,
         **norms,
     )
     loss.backward()
@@ -115,7 +116,16 @@ def _reference(p, cfg, norms, on_policy=False, dtype=torch.float64, rollout=None
 
 
 def _fused(
-    p, cfg, norms, backend, on_policy=False, dtype=torch.float32, chunk_size=1024, rows=None, rollout=None
+    p,
+    cfg,
+    norms,
+    backend,
+    on_policy=False,
+    dtype=torch.float32,
+    chunk_size=1024,
+    rows=None,
+    rollout=None,
+    kl_weight=None,
 ):
     rows = slice(None) if rows is None else rows
     h = p["hidden"].to(device=DEVICE, dtype=dtype).clone().requires_grad_(True)
@@ -133,6 +143,7 @@ def _fused(
         temperature=p["temperature"],
         backend=backend,
         chunk_size=chunk_size,
+        kl_weight=None if kl_weight is None else kl_weight[rows].to(DEVICE),
         **norms,
     )
     loss.backward()
@@ -159,6 +170,31 @@ def test_fused_ppo_dual_clip_kl_entropy_matches_policy_objective(agg, backend):
     ref = _reference(p, cfg, norms)
     assert 0 < ref[1]["actor/clip_frac"] < 1 and ref[1]["actor/dual_clip_frac"] > 0  # branches exercised
     _assert_same(_fused(p, cfg, norms, backend), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_kl_row_weights_match_policy_objective(backend):
+    """``kl_weight[B]`` scales each row's KL term: the loss is linear in it (row weights [0, 2, 1]
+    give the weightless loss plus twice row 0's KL term's share plus row 1's), weights of 1 are no
+    weights, and the fused pass gives the same loss, metrics and gradients."""
+    p = _problem(seed=5)
+    cfg = _cfg("token-mean", dual_clip=True, clip_ratio_c=1.5)
+    norms = {"num_tokens": float(p["loss_mask"].sum()), "num_seqs": 3, "norm_length": 8}
+    weights = torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64)
+
+    def loss(w):
+        return float(_reference(p, cfg, norms, kl_weight=torch.tensor(w, dtype=torch.float64))[0])
+
+    zero = loss([0.0, 0.0, 0.0])
+    assert loss([2.0, 1.0, 0.0]) - zero == pytest.approx(
+        2 * (loss([1.0, 0.0, 0.0]) - zero) + (loss([0.0, 1.0, 0.0]) - zero), rel=1e-9, abs=1e-12
+    )
+    assert loss([1.0, 0.0, 0.0]) - zero > 0  # row 0's KL term is not empty
+    assert loss([1.0, 1.0, 1.0]) == pytest.approx(float(_reference(p, cfg, norms)[0]), rel=1e-12)
+    ref = _reference(p, cfg, norms, kl_weight=weights)
+    _assert_same(_fused(p, cfg, norms, backend, kl_weight=weights.float()), ref)
+    with pytest.raises(BatchContractError, match="kl_weight"):
+        _fused(p, cfg, norms, backend, kl_weight=torch.ones(2))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

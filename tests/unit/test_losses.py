@@ -297,6 +297,22 @@ def test_apply_kl_reward_penalty():
     assert metrics["kl/reward_penalty_mean"] == pytest.approx(0.25)
 
 
+def test_apply_kl_reward_penalty_scales_each_row_by_its_kl_weight():
+    # the batch above with kl_weight [0, 3]: row0 keeps its reward, row1's penalty is 3 * .5 * 1
+    batch = Batch(
+        tensors={
+            "rewards": torch.tensor([1.0, 2.0]),
+            "loss_mask": torch.tensor([[1, 1, 0], [0, 1, 1]]),
+            "old_logprobs": torch.zeros(2, 3),
+            "ref_logprobs": torch.tensor([[-1.0, 0.0, 5.0], [5.0, -1.0, 0.0]]),
+            "kl_weight": torch.tensor([0.0, 3.0]),
+        }
+    )
+    cfg = AlgorithmConfig(kl=KLConfig(coef=0.5, estimator="k1", mode="reward"))
+    apply_kl_reward_penalty(batch, cfg)
+    torch.testing.assert_close(batch["token_rewards"], torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.5, 2.0]]))
+
+
 def test_apply_kl_reward_penalty_is_noop_in_loss_mode():
     batch = Batch(tensors={"rewards": torch.tensor([1.0]), "loss_mask": torch.ones(1, 2)})
     assert apply_kl_reward_penalty(batch, AlgorithmConfig(kl=KLConfig(coef=0.5, mode="loss"))) == {}

@@ -645,6 +645,42 @@ def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cach
         assert torch.allclose(row, torch.full_like(row, expected), atol=1e-6)
 
 
+@pytest.mark.parametrize("greedy_answer_kl", [False, True])
+def test_two_turn_kl_rows_for_the_argmax_answers_only(tok, tiny_cache, greedy_answer_kl):
+    """rlcr.greedy_answer_kl puts each argmax answer's answer span in the loss mask (the span a
+    sampled answer trains) with advantage 0; rlcr.confidence_kl=false gives the confidence rows KL
+    weight 0 and the answers 1. Without greedy_answer_kl the argmax answers stay out of the loss."""
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+    from nemo_azr.rlcr.spans import answer_span_mask
+
+    cfg = _cfg(
+        tiny_cache,
+        *GREEDY_ENUMERATED,
+        "algorithm.kl.coef=0.1",
+        f"rlcr.greedy_answer_kl={str(greedy_answer_kl).lower()}",
+        "rlcr.confidence_kl=false",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    backend = ScoringBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], [0.2, 0.3, 0.5])
+    batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
+    kinds = batch[F.SAMPLE_TYPE]
+    assert batch[F.KL_WEIGHT].tolist() == [1.0 if k == "answer" else 0.0 for k in kinds]
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    answers = [i for i, k in enumerate(kinds) if k == "answer"]
+    assert answers and all(batch[GREEDY_ANSWER][i] for i in answers)
+    for i in answers:
+        mask = batch[F.LOSS_MASK][i]
+        response = batch[F.INPUT_IDS][i][mask > 0].tolist()
+        if greedy_answer_kl:
+            ids = tok("<think>3 + 4</think><answer>7</answer>", add_special_tokens=False)["input_ids"]
+            spans = answer_span_mask(ids, tok)
+            assert int(mask.sum()) == sum(spans) > 0
+            assert response == [t for t, m in zip(ids, spans) if m]
+        else:
+            assert int(mask.sum()) == 0
+        assert advantages[i].abs().max() == 0
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -711,6 +747,22 @@ def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cach
             "set rlcr.candidate_weighting=uniform",
         ),
         (["rlcr.candidate_mass_coef=0.2"], "keeps the probability on the enumerated candidates"),
+        (["algorithm.kl.coef=0.1", "rlcr.greedy_answer_kl=true"], "set rlcr.answer_decoding"),
+        (
+            ["rlcr.answer_decoding=greedy", "rlcr.num_generations_answer=1", "rlcr.greedy_answer_kl=true"],
+            "algorithm.kl.coef > 0 with algorithm.kl.mode=loss",
+        ),
+        (["rlcr.confidence_kl=false"], "algorithm.kl.coef > 0 with algorithm.kl.mode=loss"),
+        (
+            [
+                "rollout.workflow=rlcr_single_turn",
+                "rlcr.multi_turn=false",
+                "algorithm.estimator=grpo",
+                "algorithm.kl.coef=0.1",
+                "rlcr.confidence_kl=false",
+            ],
+            "the single turn has one reply per row",
+        ),
         (
             [
                 'rlcr.confidence_prefill="<confidence>"',

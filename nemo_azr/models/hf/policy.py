@@ -268,6 +268,7 @@ class HFPolicy(PPOUpdateMixin, PreferenceUpdateMixin):
         rollout = in_loss_rollout_logprobs(micro, old, alg.off_policy_correction, self.device)
         ref = micro.get(F.REF_LOGPROBS)
         ref = None if ref is None else ref.to(self.device)
+        kl_weight = micro.get(F.KL_WEIGHT)
         advantages = micro[F.ADVANTAGES].to(self.device)
         mask = micro[F.LOSS_MASK].to(self.device)
         norms = {"num_tokens": num_tokens, "num_seqs": num_seqs, "norm_length": norm_length}
@@ -295,6 +296,7 @@ class HFPolicy(PPOUpdateMixin, PreferenceUpdateMixin):
                 backend=self.kernel_backend,
                 chunk_size=self.chunk_size,
                 compute_entropy=with_entropy,
+                kl_weight=kl_weight,
                 **norms,
             )
             return self._add_value_loss(loss, metrics, hidden, micro, norms)
@@ -312,6 +314,7 @@ class HFPolicy(PPOUpdateMixin, PreferenceUpdateMixin):
             ref_logprobs=ref,
             entropy=entropy,
             rollout_logprobs=rollout,
+            kl_weight=kl_weight,
             **norms,
         )
         return self._add_value_loss(loss, metrics, hidden, micro, norms)

@@ -444,6 +444,7 @@ class MegatronPolicy(MegatronPreferenceMixin, PPOUpdateMixin):
             num_seqs=num_seqs,
             norm_length=norm_length,
             rollout_logprobs=rollout,
+            kl_weight=micro.get(F.KL_WEIGHT),
         )
 
     def _grad_norm(self) -> float:
