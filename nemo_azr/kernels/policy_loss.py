@@ -227,7 +227,9 @@ def _check_bt(name: str, t: torch.Tensor | None, shape: torch.Size) -> None:
         )
 
 
-def _row_weights_at(row_weight: torch.Tensor | None, shape: torch.Size, sel: torch.Tensor) -> torch.Tensor | None:
+def _row_weights_at(
+    row_weight: torch.Tensor | None, shape: torch.Size, sel: torch.Tensor
+) -> torch.Tensor | None:
     """``row_weight[B]`` at each selected token of ``[B, T]`` (``[N]`` float32; None stays None)."""
     if row_weight is None:
         return None
