@@ -136,7 +136,7 @@ def expected_confidence_advantages(
     if weighting == "uniform":
         weight = group_share(torch.ones_like(logp), index, num_groups)
     else:
-        weight = candidate_probabilities(logp, answer_ids)
+        weight = _probabilities_in_groups(logp, index, num_groups)
     expected = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(0, index, weight * values)
     return (weight * (values - expected[index])).to(ADVANTAGE_DTYPE)
 
@@ -152,7 +152,10 @@ def candidate_probabilities(logprobs: torch.Tensor | Sequence[float], answer_ids
     from the candidates' sequence log-probs (``float64[N]``)."""
     logp = torch.as_tensor(logprobs, dtype=STATS_DTYPE).reshape(-1)
     index = group_index(_as_ids(answer_ids))
-    num_groups = int(index.max()) + 1
+    return _probabilities_in_groups(logp, index, int(index.max()) + 1)
+
+
+def _probabilities_in_groups(logp: torch.Tensor, index: torch.Tensor, num_groups: int) -> torch.Tensor:
     top = torch.full((num_groups,), float("-inf"), dtype=STATS_DTYPE).scatter_reduce(0, index, logp, "amax")
     # stable: the likeliest candidate of each answer has 1 before the division
     return group_share((logp - top[index]).exp(), index, num_groups)

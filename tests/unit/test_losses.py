@@ -275,6 +275,18 @@ def test_policy_objective_sum_norm_uses_cfg_norm_length():
 # --- apply_kl_reward_penalty ---------------------------------------------------------------------
 
 
+def _kl_reward_batch(**extra: torch.Tensor) -> Batch:
+    return Batch(
+        tensors={
+            "rewards": torch.tensor([1.0, 2.0]),
+            "loss_mask": torch.tensor([[1, 1, 0], [0, 1, 1]]),
+            "old_logprobs": torch.zeros(2, 3),
+            "ref_logprobs": torch.tensor([[-1.0, 0.0, 5.0], [5.0, -1.0, 0.0]]),
+            **extra,
+        }
+    )
+
+
 def test_apply_kl_reward_penalty():
     # k1 = old - ref; old = 0:
     #   row0 ref [-1, 0, 5] -> kl [1, 0, -5] * mask [1, 1, 0] = [1, 0, 0]
@@ -283,14 +295,7 @@ def test_apply_kl_reward_penalty():
     #   row0 [0, 1, 0] - .5 [1, 0, 0] = [-.5, 1, 0]
     #   row1 [0, 0, 2] - .5 [0, 1, 0] = [0, -.5, 2]
     # penalty mean over the 4 masked tokens: .5 * (1 + 0 + 1 + 0) / 4 = .25
-    batch = Batch(
-        tensors={
-            "rewards": torch.tensor([1.0, 2.0]),
-            "loss_mask": torch.tensor([[1, 1, 0], [0, 1, 1]]),
-            "old_logprobs": torch.zeros(2, 3),
-            "ref_logprobs": torch.tensor([[-1.0, 0.0, 5.0], [5.0, -1.0, 0.0]]),
-        }
-    )
+    batch = _kl_reward_batch()
     cfg = AlgorithmConfig(kl=KLConfig(coef=0.5, estimator="k1", mode="reward"))
     metrics = apply_kl_reward_penalty(batch, cfg)
     torch.testing.assert_close(batch["token_rewards"], torch.tensor([[-0.5, 1.0, 0.0], [0.0, -0.5, 2.0]]))
@@ -299,15 +304,7 @@ def test_apply_kl_reward_penalty():
 
 def test_apply_kl_reward_penalty_scales_each_row_by_its_kl_weight():
     # the batch above with kl_weight [0, 3]: row0 keeps its reward, row1's penalty is 3 * .5 * 1
-    batch = Batch(
-        tensors={
-            "rewards": torch.tensor([1.0, 2.0]),
-            "loss_mask": torch.tensor([[1, 1, 0], [0, 1, 1]]),
-            "old_logprobs": torch.zeros(2, 3),
-            "ref_logprobs": torch.tensor([[-1.0, 0.0, 5.0], [5.0, -1.0, 0.0]]),
-            "kl_weight": torch.tensor([0.0, 3.0]),
-        }
-    )
+    batch = _kl_reward_batch(kl_weight=torch.tensor([0.0, 3.0]))
     cfg = AlgorithmConfig(kl=KLConfig(coef=0.5, estimator="k1", mode="reward"))
     apply_kl_reward_penalty(batch, cfg)
     torch.testing.assert_close(batch["token_rewards"], torch.tensor([[0.0, 1.0, 0.0], [0.0, -1.5, 2.0]]))
