@@ -381,6 +381,10 @@ class RLCRConfig:
     # two-turn: false leaves the confidence rows out of the KL term (contracts.fields.KL_WEIGHT 0),
     # so algorithm.kl acts on the answer turn only (with greedy_answer_kl: on the argmax answers)
     confidence_kl: bool = True
+    # two-turn, confidence_kl true: w >= 0, each confidence row's KL weight against the answer rows' 1
+    # (contracts.fields.KL_WEIGHT): a small w keeps the candidates off the ends of the scale without
+    # the full term's pull back to the reference's values (decision 223). 1: the same as the answers
+    confidence_kl_weight: float = 1.0
     # two-turn: text the confidence reply starts with, placed after the generation prompt as part of
     # the turn-2 context (not generated, not trained), e.g. "<confidence>": the model then writes only
     # the number and the closing tag. Parsed as prefill + reply. "" = the model writes the whole reply

@@ -58,8 +58,17 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"to greedy or greedy_and_sample, got {r.answer_decoding!r}",
         )
         require(
-            kl_in_loss or (not r.greedy_answer_kl and r.confidence_kl),
-            "rlcr.greedy_answer_kl / rlcr.confidence_kl=false choose the rows of the KL term: set "
+            r.confidence_kl_weight >= 0,
+            f"rlcr.confidence_kl_weight must be >= 0, got {r.confidence_kl_weight}",
+        )
+        require(
+            r.confidence_kl or r.confidence_kl_weight == 1,
+            "rlcr.confidence_kl=false already gives the confidence rows KL weight 0: leave "
+            f"rlcr.confidence_kl_weight at 1, got {r.confidence_kl_weight}",
+        )
+        require(
+            kl_in_loss or (not r.greedy_answer_kl and r.confidence_kl and r.confidence_kl_weight == 1),
+            "rlcr.greedy_answer_kl / rlcr.confidence_kl=false / rlcr.confidence_kl_weight choose the rows of the KL term: set "
             f"algorithm.kl.coef > 0 with algorithm.kl.mode=loss (got coef {cfg.algorithm.kl.coef}, "
             f"mode {cfg.algorithm.kl.mode})",
         )
@@ -118,9 +127,10 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
         )
     else:
         require(
-            not r.greedy_answer_kl and r.confidence_kl,
-            "rlcr.greedy_answer_kl / rlcr.confidence_kl choose the two-turn rollout's rows of the KL "
-            "term; the single turn has one reply per row (leave them at false / true)",
+            not r.greedy_answer_kl and r.confidence_kl and r.confidence_kl_weight == 1,
+            "rlcr.greedy_answer_kl / rlcr.confidence_kl / rlcr.confidence_kl_weight choose the two-turn "
+            "rollout's rows of the KL term; the single turn has one reply per row (leave them at false / "
+            "true / 1)",
         )
         require(
             not r.expected_confidence_readout,

@@ -243,9 +243,14 @@ class TwoTurnRLCRWorkflow:
             rows.meta[GREEDY_ANSWER] = [greedy_by_answer[a] for a in rows.meta.get(F.SUBGROUP_ID, [])]
         pad = pad_id(tok)
         batch = Batch.concat([answers.build(pad), *(rows.build(pad) for rows in turn2)])
-        if not s.confidence_kl:  # rlcr.confidence_kl=false: the KL term acts on the answer rows only
+        # rlcr.confidence_kl=false: the KL term acts on the answer rows only; confidence_kl_weight:
+        # the confidence rows' share of it
+        confidence_weight = s.confidence_kl_weight if s.confidence_kl else 0.0
+        if confidence_weight != 1.0:
             is_answer = [t == SampleType.ANSWER.value for t in batch.meta[F.SAMPLE_TYPE]]
-            batch[F.KL_WEIGHT] = torch.tensor(is_answer, dtype=torch.float32)
+            batch[F.KL_WEIGHT] = torch.tensor(
+                [1.0 if a else confidence_weight for a in is_answer], dtype=torch.float32
+            )
         batch.info = {
             "max_new_tokens": max(answer_sampling.max_new_tokens, confidence_sampling.max_new_tokens),
             RLCR_INFO_KEY: s,

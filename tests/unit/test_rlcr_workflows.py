@@ -645,11 +645,21 @@ def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cach
         assert torch.allclose(row, torch.full_like(row, expected), atol=1e-6)
 
 
-@pytest.mark.parametrize("greedy_answer_kl", [False, True])
-def test_two_turn_kl_rows_for_the_argmax_answers_only(tok, tiny_cache, greedy_answer_kl):
+@pytest.mark.parametrize(
+    ("greedy_answer_kl", "confidence_kl", "confidence_weight"),
+    [
+        (False, "rlcr.confidence_kl=false", 0.0),
+        (True, "rlcr.confidence_kl=false", 0.0),
+        (True, "rlcr.confidence_kl_weight=0.25", 0.25),
+    ],
+)
+def test_two_turn_kl_rows_for_the_argmax_answers_only(
+    tok, tiny_cache, greedy_answer_kl, confidence_kl, confidence_weight
+):
     """rlcr.greedy_answer_kl puts each argmax answer's answer span in the loss mask (the span a
     sampled answer trains) with advantage 0; rlcr.confidence_kl=false gives the confidence rows KL
-    weight 0 and the answers 1. Without greedy_answer_kl the argmax answers stay out of the loss."""
+    weight 0 and the answers 1, rlcr.confidence_kl_weight=w gives them w. Without greedy_answer_kl
+    the argmax answers stay out of the loss."""
     from nemo_azr.rlcr.advantages import rlcr_hierarchical
     from nemo_azr.rlcr.spans import answer_span_mask
 
@@ -658,13 +668,14 @@ def test_two_turn_kl_rows_for_the_argmax_answers_only(tok, tiny_cache, greedy_an
         *GREEDY_ENUMERATED,
         "algorithm.kl.coef=0.1",
         f"rlcr.greedy_answer_kl={str(greedy_answer_kl).lower()}",
-        "rlcr.confidence_kl=false",
+        confidence_kl,
     )
     wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
     backend = ScoringBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], [0.2, 0.3, 0.5])
     batch = wf.run(_examples(), backend, SamplingParams(n=8, temperature=0.7, max_new_tokens=30), step=0)
     kinds = batch[F.SAMPLE_TYPE]
-    assert batch[F.KL_WEIGHT].tolist() == [1.0 if k == "answer" else 0.0 for k in kinds]
+    assert "confidence" in kinds
+    assert batch[F.KL_WEIGHT].tolist() == [1.0 if k == "answer" else confidence_weight for k in kinds]
     advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
     answers = [i for i, k in enumerate(kinds) if k == "answer"]
     assert answers and all(batch[GREEDY_ANSWER][i] for i in answers)
@@ -753,6 +764,25 @@ def test_two_turn_kl_rows_for_the_argmax_answers_only(tok, tiny_cache, greedy_an
             "algorithm.kl.coef > 0 with algorithm.kl.mode=loss",
         ),
         (["rlcr.confidence_kl=false"], "algorithm.kl.coef > 0 with algorithm.kl.mode=loss"),
+        (["rlcr.confidence_kl_weight=0.1"], "algorithm.kl.coef > 0 with algorithm.kl.mode=loss"),
+        (
+            ["algorithm.kl.coef=0.1", "rlcr.confidence_kl_weight=-0.1"],
+            "rlcr.confidence_kl_weight must be >= 0",
+        ),
+        (
+            ["algorithm.kl.coef=0.1", "rlcr.confidence_kl=false", "rlcr.confidence_kl_weight=0.1"],
+            "leave rlcr.confidence_kl_weight at 1",
+        ),
+        (
+            [
+                "rollout.workflow=rlcr_single_turn",
+                "rlcr.multi_turn=false",
+                "algorithm.estimator=grpo",
+                "algorithm.kl.coef=0.1",
+                "rlcr.confidence_kl_weight=0.5",
+            ],
+            "the single turn has one reply per row",
+        ),
         (
             [
                 "rollout.workflow=rlcr_single_turn",
