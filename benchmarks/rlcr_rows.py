@@ -8,7 +8,8 @@ prints, for each evaluation folder (``nemo-azr eval`` output: ``samples.jsonl`` 
 per kind: answers, accuracy, within-kind AUROC and over how many parsed confidences it is taken, mean
 confidence of right and wrong answers; and per
 lookup kind and asked row: answers, right, mean confidence (and the mean expected confidence over
-the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``).
+the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``). With
+``--against UNTRAINED_EVAL`` it also counts the answers that are the untrained model's word for word.
 
     .venv/bin/python benchmarks/rlcr_rows.py outputs/real_model/rlcr_two_turn_smollm2/eval_before \\
         outputs/real_model/rlcr_two_turn_smollm2/eval_after
@@ -116,11 +117,38 @@ def report(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def answer_changes(reference: Path, folder: Path) -> dict[str, int]:
+    """How the answers of ``folder`` differ from those of ``reference`` (the untrained model's
+    evaluation on the same questions), matched by prompt id: ``same`` (the reply word for word),
+    ``lost`` (right there, not here), ``gained`` and ``compared``. The two-turn runs' answers are not
+    trained; this counts how far the confidence turn moved them through the shared weights."""
+    before = {r["prompt_id"]: r for r in rows(reference)}
+    after = [r for r in rows(folder) if r["prompt_id"] in before]
+    return {
+        "compared": len(after),
+        "same": sum(r["response"] == before[r["prompt_id"]]["response"] for r in after),
+        "lost": sum(before[r["prompt_id"]]["right"] and not r["right"] for r in after),
+        "gained": sum(r["right"] and not before[r["prompt_id"]]["right"] for r in after),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="nemo-azr eval output folders")
-    for folder in parser.parse_args().folders:
+    parser.add_argument(
+        "--against", type=Path, default=None,
+        help="an evaluation of the untrained model on the same questions: also count each folder's "
+        "answers that are word for word the same, right answers lost and gained",
+    )  # fmt: skip
+    args = parser.parse_args()
+    for folder in args.folders:
         print(report(folder))
+        if args.against is not None:
+            c = answer_changes(args.against, folder)
+            print(
+                f"answers against {args.against}: {c['same']} of {c['compared']} the same, "
+                f"{c['lost']} right answers lost, {c['gained']} gained\n"
+            )
 
 
 if __name__ == "__main__":

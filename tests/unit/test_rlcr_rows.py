@@ -69,3 +69,23 @@ def test_single_turn_answers_carry_their_own_confidence_and_are_right_by_the_ans
     assert (right["right"], right["stated_confidence"]) == (True, 0.8)
     table = rlcr_rows.report(tmp_path)
     assert "| pair_lookup | 2 | 0.500 | 0.000 | 2 | 0.800 | 0.900 |" in table
+
+
+def test_answer_changes_count_same_replies_and_right_answers_lost_and_gained(tmp_path: Path):
+    # three questions: one reply unchanged and right, one changed from right to wrong, one changed
+    # from wrong to right; a fourth only in the trained evaluation is not compared
+    def write(folder: Path, replies: list[tuple[str, str, float]]) -> Path:
+        folder.mkdir()
+        records = [
+            {"prompt_id": pid, "question": "Ages: Dina 17, Fay 96. What is the age of Fay?", "kind": "pair_lookup",
+             "sample_type": "answer", "response": text, "reward": right, "answer_correct": right}
+            for pid, text, right in replies
+        ]  # fmt: skip
+        (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return folder
+
+    before = write(tmp_path / "before", [("qa-0", "<answer>96</answer>", 1.0), ("qa-1", "<answer>17</answer>", 1.0),
+                                         ("qa-2", "<answer>5</answer>", 0.0)])  # fmt: skip
+    after = write(tmp_path / "after", [("qa-0", "<answer>96</answer>", 1.0), ("qa-1", "<answer>23</answer>", 0.0),
+                                       ("qa-2", "<answer>96</answer>", 1.0), ("qa-9", "<answer>1</answer>", 0.0)])  # fmt: skip
+    assert rlcr_rows.answer_changes(before, after) == {"compared": 3, "same": 1, "lost": 1, "gained": 1}
