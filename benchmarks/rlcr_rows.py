@@ -123,12 +123,12 @@ def answer_changes(reference: Path, folder: Path) -> dict[str, int]:
     ``lost`` (right there, not here), ``gained`` and ``compared``. The two-turn runs' answers are not
     trained; this counts how far the confidence turn moved them through the shared weights."""
     before = {r["prompt_id"]: r for r in rows(reference)}
-    after = [r for r in rows(folder) if r["prompt_id"] in before]
+    pairs = [(before[r["prompt_id"]], r) for r in rows(folder) if r["prompt_id"] in before]
     return {
-        "compared": len(after),
-        "same": sum(r["response"] == before[r["prompt_id"]]["response"] for r in after),
-        "lost": sum(before[r["prompt_id"]]["right"] and not r["right"] for r in after),
-        "gained": sum(r["right"] and not before[r["prompt_id"]]["right"] for r in after),
+        "compared": len(pairs),
+        "same": sum(b["response"] == a["response"] for b, a in pairs),
+        "lost": sum(b["right"] and not a["right"] for b, a in pairs),
+        "gained": sum(a["right"] and not b["right"] for b, a in pairs),
     }
 
 

@@ -64,6 +64,12 @@ def confidence_candidate_texts(values: Sequence[float]) -> list[str]:
     return [f"{float(v):.1f}" for v in values]
 
 
+def confidence_rows_kl_weight(settings: RLCRConfig) -> float:
+    """The confidence rows' KL weight against the answer rows' 1: ``rlcr.confidence_kl_weight``, or 0
+    with ``rlcr.confidence_kl=false`` (decisions 222-223)."""
+    return settings.confidence_kl_weight if settings.confidence_kl else 0.0
+
+
 def rlcr_settings(cfg: Any) -> RLCRConfig:
     """``cfg.rlcr`` of a full config, or the defaults (workflows may be built without a config)."""
     settings = getattr(cfg, "rlcr", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nemo_azr.config.checks import one_of, require
 from nemo_azr.config.schema import NemoAzrConfig
-from nemo_azr.rlcr.common import confidence_candidate_texts
+from nemo_azr.rlcr.common import confidence_candidate_texts, confidence_rows_kl_weight
 
 ANSWER_DECODINGS = ("sample", "greedy", "greedy_and_sample")  # rlcr.answer_decoding
 CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
@@ -67,8 +67,9 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"rlcr.confidence_kl_weight at 1, got {r.confidence_kl_weight}",
         )
         require(
-            kl_in_loss or (not r.greedy_answer_kl and r.confidence_kl and r.confidence_kl_weight == 1),
-            "rlcr.greedy_answer_kl / rlcr.confidence_kl=false / rlcr.confidence_kl_weight choose the rows of the KL term: set "
+            kl_in_loss or (not r.greedy_answer_kl and confidence_rows_kl_weight(r) == 1),
+            "rlcr.greedy_answer_kl / rlcr.confidence_kl=false / rlcr.confidence_kl_weight choose the rows "
+            "of the KL term: set "
             f"algorithm.kl.coef > 0 with algorithm.kl.mode=loss (got coef {cfg.algorithm.kl.coef}, "
             f"mode {cfg.algorithm.kl.mode})",
         )
@@ -127,7 +128,7 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
         )
     else:
         require(
-            not r.greedy_answer_kl and r.confidence_kl and r.confidence_kl_weight == 1,
+            not r.greedy_answer_kl and confidence_rows_kl_weight(r) == 1,
             "rlcr.greedy_answer_kl / rlcr.confidence_kl / rlcr.confidence_kl_weight choose the two-turn "
             "rollout's rows of the KL term; the single turn has one reply per row (leave them at false / "
             "true / 1)",

@@ -58,6 +58,7 @@ from nemo_azr.rlcr.common import (
     RowBuffer,
     calibration_step_metrics,
     confidence_candidate_texts,
+    confidence_rows_kl_weight,
     continue_conversation,
     format_instruction,
     pad_id,
@@ -243,9 +244,7 @@ class TwoTurnRLCRWorkflow:
             rows.meta[GREEDY_ANSWER] = [greedy_by_answer[a] for a in rows.meta.get(F.SUBGROUP_ID, [])]
         pad = pad_id(tok)
         batch = Batch.concat([answers.build(pad), *(rows.build(pad) for rows in turn2)])
-        # rlcr.confidence_kl=false: the KL term acts on the answer rows only; confidence_kl_weight:
-        # the confidence rows' share of it
-        confidence_weight = s.confidence_kl_weight if s.confidence_kl else 0.0
+        confidence_weight = confidence_rows_kl_weight(s)  # 1: every row alike, no weights needed
         if confidence_weight != 1.0:
             is_answer = [t == SampleType.ANSWER.value for t in batch.meta[F.SAMPLE_TYPE]]
             batch[F.KL_WEIGHT] = torch.tensor(
