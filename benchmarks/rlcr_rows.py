@@ -9,7 +9,9 @@ per kind: answers, accuracy, within-kind AUROC and over how many parsed confiden
 confidence of right and wrong answers; and per
 lookup kind and asked row: answers, right, mean confidence (and the mean expected confidence over
 the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``). With
-``--against UNTRAINED_EVAL`` it also counts the answers that are the untrained model's word for word.
+``--against UNTRAINED_EVAL`` it also counts the answers that are the untrained model's word for word
+and gives, per kind, the within-kind AUROC over only those unchanged answers (written and expected
+confidence): a separation there cannot come from answers the training moved.
 
     .venv/bin/python benchmarks/rlcr_rows.py outputs/real_model/rlcr_two_turn_smollm2/eval_before \\
         outputs/real_model/rlcr_two_turn_smollm2/eval_after
@@ -23,6 +25,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from nemo_azr.rlcr.calibration import auroc
 from nemo_azr.rlcr.common import ENUMERATED_FINISH
 
 LOOKUPS = ("single_lookup", "pair_lookup", "table_lookup")
@@ -132,6 +135,25 @@ def answer_changes(reference: Path, folder: Path) -> dict[str, int]:
     }
 
 
+def unchanged_auroc(reference: Path, folder: Path) -> dict[str, dict[str, float | int | None]]:
+    """Per kind, over the answers of ``folder`` that are word for word those of ``reference``: their
+    count ``n`` and the AUROC of the written (``stated``) and the ``expected`` confidence for being
+    right (None where one class is missing or no value was recorded)."""
+    before = {r["prompt_id"]: r["response"] for r in rows(reference)}
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for r in rows(folder):
+        if before.get(r["prompt_id"]) == r["response"]:
+            by_kind[r.get("kind", "?")].append(r)
+    out: dict[str, dict[str, float | int | None]] = {}
+    for kind, rs in sorted(by_kind.items()):
+        out[kind] = {"n": len(rs)}
+        for key, field in (("stated", "stated_confidence"), ("expected", "expected_confidence")):
+            scored = [r for r in rs if r[field] is not None]
+            value = auroc([r[field] for r in scored], [float(r["right"]) for r in scored]) if scored else None
+            out[kind][key] = None if value is None or value != value else value  # NaN: one class only
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="nemo-azr eval output folders")
@@ -147,8 +169,14 @@ def main() -> None:
             c = answer_changes(args.against, folder)
             print(
                 f"answers against {args.against}: {c['same']} of {c['compared']} the same, "
-                f"{c['lost']} right answers lost, {c['gained']} gained\n"
+                f"{c['lost']} right answers lost, {c['gained']} gained"
             )
+            for kind, u in unchanged_auroc(args.against, folder).items():
+                print(
+                    f"  {kind}: within-kind AUROC over its {u['n']} unchanged answers: written "
+                    f"{_f(u['stated'])}, expected {_f(u['expected'])}"
+                )
+            print()
 
 
 if __name__ == "__main__":

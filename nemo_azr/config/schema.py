@@ -418,6 +418,11 @@ class RLCRConfig:
     # any candidate), which keeps the mass on well-formed confidences without pulling the values apart
     # (decision 220). 0: off
     candidate_mass_coef: float = 0.0
+    # enumerate with candidate_baseline=batch: c >= 0 adds c * 2 (mean y - mean e) (cand - mean cand) / K to
+    # each candidate's advantage (mean y the step's accuracy, mean e its mean expected confidence): the
+    # gradient of -c (mean y - mean e)^2, which pulls the confidence's level to the accuracy (the level
+    # the contrast leaves free) and is 0 once they agree (decision 224). 0: off
+    candidate_level_coef: float = 0.0
     # enumerate: N > 0 analyses sampled per answer (after a prefilled <analysis> tag, up to
     # </analysis> or confidence_max_new_tokens), each followed by the <confidence> prefill and every
     # candidate; the analyses are rewarded with the expected Brier reward after them, normalised over

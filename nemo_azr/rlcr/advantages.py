@@ -31,7 +31,7 @@ from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
-from nemo_azr.rlcr.common import CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER
+from nemo_azr.rlcr.common import ANSWER_CORRECT, CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER
 from nemo_azr.rlcr.config_check import CANDIDATE_WEIGHTINGS
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
@@ -176,6 +176,47 @@ def candidate_mass_advantages(
     return (coef * candidate_probabilities(logprobs, answer_ids)).to(ADVANTAGE_DTYPE)
 
 
+def candidate_level_advantages(
+    correct: Sequence[float],
+    candidate_values: Sequence[float],
+    logprobs: torch.Tensor | Sequence[float],
+    answer_ids: Ids,
+    coef: float,
+) -> torch.Tensor:
+    """``rlcr.candidate_level_coef``: candidate ``c`` of answer ``i`` gets
+    ``coef * 2 (mean y - mean e) (c - cbar_i) / K_i``, ``mean y`` the step's accuracy over its answers,
+    ``mean e`` the mean over answers of the policy's expected confidence ``e_i = sum_c pi~(c) c``,
+    ``cbar_i`` the mean of the answer's ``K_i`` candidate values.
+
+    It is the gradient of ``-coef (mean y - mean e)^2`` (calibration in the large) with the uniform
+    candidate weights of the batch contrast: every answer's candidates are pushed up along their
+    values when the policy's confidence sits below the step's accuracy and down when above, by the
+    same amount for every answer, so it sets the level the contrast leaves free without telling
+    answers apart; it is 0 once the two agree (decision 224).
+    """
+    values = torch.as_tensor(candidate_values, dtype=STATS_DTYPE).reshape(-1)
+    y = torch.as_tensor(correct, dtype=STATS_DTYPE).reshape(-1)
+    logp = torch.as_tensor(logprobs, dtype=STATS_DTYPE).reshape(-1)
+    ids = _as_ids(answer_ids)
+    if not (len(ids) == values.numel() == y.numel() == logp.numel()):
+        raise BatchContractError(
+            f"{y.numel()} accuracies, {values.numel()} candidate values, {logp.numel()} log-probs, "
+            f"{len(ids)} answer ids"
+        )
+    if values.numel() == 0:
+        return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
+    index = group_index(ids)
+    num_groups = int(index.max()) + 1
+    expected = torch.zeros(num_groups, dtype=STATS_DTYPE).index_add(
+        0, index, _probabilities_in_groups(logp, index, num_groups) * values
+    )
+    accuracy = group_mean(y, index, num_groups)  # one value per answer: its candidates share it
+    gap = float(accuracy.mean() - expected.mean())
+    count = group_size(index, num_groups).to(STATS_DTYPE)
+    centred = values - group_mean(values, index, num_groups)[index]
+    return (coef * 2 * gap * centred / count[index]).to(ADVANTAGE_DTYPE)
+
+
 def contrast_confidence_advantages(
     rewards: torch.Tensor | Sequence[float], candidate_values: Sequence[float], answer_ids: Ids
 ) -> torch.Tensor:
@@ -248,32 +289,14 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
         candidate_of = batch.meta.get(CANDIDATE_OF) or [subgroups[i] for i in range(len(batch))]
         cand_rows = [i for i in conf_rows if candidate_of[i] is not None]
         analysis_rows = [i for i in conf_rows if candidate_of[i] is None]
-        if cand_rows and settings.candidate_baseline == "batch":
-            if CONFIDENCE not in batch.meta:
-                raise BatchContractError(
-                    "rlcr.candidate_baseline=batch compares candidates of the same value: the batch "
-                    f"needs each candidate row's value in meta {CONFIDENCE!r}"
-                )
-            share = settings.candidate_batch_share
-            answers = [candidate_of[i] for i in cand_rows]
-            mixed = share * contrast_confidence_advantages(
-                rewards[cand_rows], [batch.meta[CONFIDENCE][i] for i in cand_rows], answers
-            )
-            if share < 1:  # the answer baseline sets the level the contrast alone leaves free
-                mixed += (1 - share) * expected_confidence_advantages(
-                    rewards[cand_rows], sums[cand_rows], answers, weighting="uniform"
-                )
-            row[cand_rows] = settings.lambda_conf * mixed
-        elif cand_rows:
-            row[cand_rows] = settings.lambda_conf * expected_confidence_advantages(
+        if cand_rows:
+            row[cand_rows] = settings.lambda_conf * _candidate_advantages(
+                batch,
+                settings,
+                cand_rows,
                 rewards[cand_rows],
                 sums[cand_rows],
                 [candidate_of[i] for i in cand_rows],
-                weighting=settings.candidate_weighting,
-            )
-        if cand_rows and settings.candidate_mass_coef > 0:
-            row[cand_rows] += settings.lambda_conf * candidate_mass_advantages(
-                sums[cand_rows], [candidate_of[i] for i in cand_rows], settings.candidate_mass_coef
             )
         if analysis_rows:  # rewarded with the expected Brier reward after them: per answer, as sampled
             row[analysis_rows] = settings.lambda_conf * confidence_advantages(
@@ -296,3 +319,47 @@ def rlcr_hierarchical(batch: Batch, cfg: AlgorithmConfig) -> tuple[torch.Tensor,
     mask = batch.tensors[F.LOSS_MASK].bool().to(ADVANTAGE_DTYPE)
     advantages = row.to(mask.device).unsqueeze(1) * mask
     return advantages, advantages.clone()
+
+
+def _meta_of_rows(batch: Batch, key: str, rows: list[int], needed_by: str) -> list:
+    if key not in batch.meta:
+        raise BatchContractError(f"{needed_by}: the batch needs each candidate row's {key!r} in meta")
+    return [batch.meta[key][i] for i in rows]
+
+
+def _candidate_advantages(
+    batch: Batch,
+    settings: RLCRConfig,
+    rows: list[int],
+    rewards: torch.Tensor,
+    logprobs: torch.Tensor,
+    answers: list[Hashable],
+) -> torch.Tensor:
+    """The enumerated candidates' advantages before ``lambda_conf``: the Brier term against the
+    answer's or the batch's baseline, then the optional level and mass terms."""
+    if settings.candidate_baseline == "batch":
+        values = _meta_of_rows(
+            batch, CONFIDENCE, rows, "rlcr.candidate_baseline=batch compares candidates of the same value"
+        )
+        share = settings.candidate_batch_share
+        adv = share * contrast_confidence_advantages(rewards, values, answers)
+        if share < 1:  # the answer baseline sets the level the contrast alone leaves free
+            adv += (1 - share) * expected_confidence_advantages(
+                rewards, logprobs, answers, weighting="uniform"
+            )
+    else:
+        adv = expected_confidence_advantages(
+            rewards, logprobs, answers, weighting=settings.candidate_weighting
+        )
+    if settings.candidate_level_coef > 0:
+        why = "rlcr.candidate_level_coef pulls the mean confidence to the step's accuracy"
+        adv += candidate_level_advantages(
+            _meta_of_rows(batch, ANSWER_CORRECT, rows, why),
+            _meta_of_rows(batch, CONFIDENCE, rows, why),
+            logprobs,
+            answers,
+            settings.candidate_level_coef,
+        )
+    if settings.candidate_mass_coef > 0:
+        adv += candidate_mass_advantages(logprobs, answers, settings.candidate_mass_coef)
+    return adv

@@ -106,6 +106,15 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             "rlcr.confidence_decoding=enumerate",
         )
         require(
+            r.candidate_level_coef >= 0,
+            f"rlcr.candidate_level_coef must be >= 0, got {r.candidate_level_coef}",
+        )
+        require(
+            r.candidate_level_coef == 0 or r.candidate_baseline == "batch",
+            "rlcr.candidate_level_coef sets the level that the batch contrast leaves free: set "
+            "rlcr.candidate_baseline=batch (with confidence_decoding=enumerate, candidate_weighting=uniform)",
+        )
+        require(
             r.analyses_per_answer >= 0, f"rlcr.analyses_per_answer must be >= 0, got {r.analyses_per_answer}"
         )
         require(

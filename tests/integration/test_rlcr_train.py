@@ -104,7 +104,7 @@ def test_analyses_before_enumerated_confidences_train_and_evaluate(tiny_cache, t
 def test_contrasted_candidates_with_the_kl_term_on_the_argmax_answers_train(
     tiny_cache, tmp_path, greedy_answer_kl
 ):
-    """The batch contrast mixed with the answer baseline, the mass term, and a KL term kept off the
+    """The batch contrast mixed with the answer baseline, the mass and level terms, and a KL term kept off the
     confidence rows (rlcr.confidence_kl=false) through the trainer (the tiny experiment's warm-up
     moves the policy from the KL reference first). With rlcr.greedy_answer_kl the update takes the
     zero-advantage argmax answers and their KL term is not 0; without it no row carries a KL term."""
@@ -120,6 +120,7 @@ def test_contrasted_candidates_with_the_kl_term_on_the_argmax_answers_train(
         "rlcr.candidate_baseline=batch",
         "rlcr.candidate_batch_share=0.5",
         "rlcr.candidate_mass_coef=0.5",
+        "rlcr.candidate_level_coef=1.0",
         f"rlcr.greedy_answer_kl={str(greedy_answer_kl).lower()}",
         "rlcr.confidence_kl=false",
         "algorithm.kl.coef=0.5",

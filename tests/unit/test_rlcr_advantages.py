@@ -371,10 +371,12 @@ def test_candidate_mass_advantages_are_the_gradient_of_the_log_mass():
     assert candidate_mass_advantages([], [], 0.5).numel() == 0
 
 
-def _enumerated_batch(settings: RLCRConfig) -> tuple[Batch, list[tuple[str, float]]]:
+def _enumerated_batch(
+    settings: RLCRConfig, with_accuracy: bool = False
+) -> tuple[Batch, list[tuple[str, float]]]:
     """One prompt, a right answer "a" and a wrong one "b", candidates 0.0 / 0.5 / 1.0 after each with
     one-token log-probs (rows in a shuffled order, as the workflow may hand them over)."""
-    from nemo_azr.rlcr.common import CANDIDATE_OF, CONFIDENCE
+    from nemo_azr.rlcr.common import ANSWER_CORRECT, CANDIDATE_OF, CONFIDENCE
 
     probs = {"a": [0.1, 0.2, 0.5], "b": [0.3, 0.3, 0.2]}  # 0.8 of the mass on the candidates each
     acc = {"a": 1.0, "b": 0.0}
@@ -400,6 +402,8 @@ def _enumerated_batch(settings: RLCRConfig) -> tuple[Batch, list[tuple[str, floa
         },
         {RLCR_INFO_KEY: settings},
     )
+    if with_accuracy:
+        batch.meta[ANSWER_CORRECT] = [acc[k] for k, _ in rows]
     return batch, [(k, cands[j]) for k, j in rows]
 
 
@@ -423,6 +427,77 @@ def test_estimator_adds_the_candidate_mass_term_to_the_contrast_by_hand():
     plain, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(_enumerated_batch(without)[0], AlgorithmConfig())
     contrast = [2.0 * (y[k] - 0.5) * (2 * c - 1) / 3 for k, c in rows]
     assert plain[:, 2].tolist() == pytest.approx(contrast, abs=1e-6)
+
+
+def test_candidate_level_advantages_by_hand():
+    """pi~: a [1/8, 2/8, 5/8] (e = 0.75), b [3/8, 3/8, 2/8] (e = 0.4375); mean e 0.59375, accuracy
+    0.5: every candidate gets coef * 2 * (0.5 - 0.59375) * (c - 0.5) / 3, right and wrong alike."""
+    from nemo_azr.rlcr.advantages import candidate_level_advantages
+
+    probs = {"a": [0.1, 0.2, 0.5], "b": [0.3, 0.3, 0.2]}
+    rows = [("b", 1), ("a", 0), ("a", 2), ("b", 0), ("a", 1), ("b", 2)]
+    cands = [0.0, 0.5, 1.0]
+    adv = candidate_level_advantages(
+        [{"a": 1.0, "b": 0.0}[k] for k, _ in rows],
+        [cands[j] for _, j in rows],
+        [math.log(probs[k][j]) for k, j in rows],
+        [k for k, _ in rows],
+        0.8,
+    )
+    assert adv.tolist() == pytest.approx(
+        [0.8 * 2 * -0.09375 * (cands[j] - 0.5) / 3 for _, j in rows], abs=1e-7
+    )
+    # the level already at the accuracy: nothing moves
+    even = candidate_level_advantages(
+        [1.0] * 3 + [0.0] * 3, cands * 2, [math.log(1 / 3)] * 6, ["a"] * 3 + ["b"] * 3, 1.0
+    )
+    assert even.abs().max() == 0
+    with pytest.raises(BatchContractError, match="accuracies"):
+        candidate_level_advantages([1.0], cands, [0.0] * 3, ["a"] * 3, 1.0)
+    assert candidate_level_advantages([], [], [], [], 1.0).numel() == 0
+
+
+def test_candidate_level_term_pulls_the_mean_confidence_to_the_accuracy():
+    """Two answers (right, wrong), every candidate 0.0-1.0, each policy starting with its mass on 0.1:
+    steps on the level advantages alone (under the PPO ratio, torch autograd) bring the mean expected
+    confidence from 0.1 to the step's accuracy 0.5 and leave the two answers' expectations equal."""
+    from nemo_azr.rlcr.advantages import candidate_level_advantages
+
+    cands = [round(0.1 * i, 1) for i in range(11)]
+    logits = torch.full((2, 11), -4.0, dtype=torch.float64)
+    logits[:, 1] = 4.0
+    logits.requires_grad_(True)
+    ids = ["right"] * 11 + ["wrong"] * 11
+    correct = [1.0] * 11 + [0.0] * 11
+    values = torch.tensor(cands * 2, dtype=torch.float64)
+    optimizer = torch.optim.SGD([logits], lr=5.0)
+    for _ in range(400):
+        logp = logits.log_softmax(-1).reshape(-1)
+        adv = candidate_level_advantages(correct, cands * 2, logp.detach(), ids, 1.0).to(torch.float64)
+        optimizer.zero_grad()
+        (-((logp - logp.detach()).exp() * adv).sum()).backward()
+        optimizer.step()
+    expected = (logits.softmax(-1) * values[:11]).sum(-1).detach()
+    assert float(expected.mean()) == pytest.approx(0.5, abs=0.02)
+    assert float(expected[0]) == pytest.approx(float(expected[1]), abs=1e-9)
+
+
+def test_estimator_adds_the_candidate_level_term_by_hand():
+    settings = RLCRConfig(
+        confidence_decoding="enumerate",
+        candidate_weighting="uniform",
+        candidate_baseline="batch",
+        candidate_level_coef=0.8,
+        lambda_conf=2.0,
+    )
+    batch, rows = _enumerated_batch(settings, with_accuracy=True)
+    adv, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
+    y = {"a": 1.0, "b": 0.0}
+    level = 0.8 * 2 * (0.5 - 0.59375) / 3
+    expected = [2.0 * ((y[k] - 0.5) * (2 * c - 1) / 3 + level * (c - 0.5)) for k, c in rows]
+    assert adv[:, 2].tolist() == pytest.approx(expected, abs=1e-6)
+    with pytest.raises(BatchContractError, match="answer_correct"):
+        ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(_enumerated_batch(settings)[0], AlgorithmConfig())
 
 
 def _lookup_batch(settings: RLCRConfig) -> tuple[Batch, list[tuple[str, float]]]:

@@ -89,3 +89,38 @@ def test_answer_changes_count_same_replies_and_right_answers_lost_and_gained(tmp
     after = write(tmp_path / "after", [("qa-0", "<answer>96</answer>", 1.0), ("qa-1", "<answer>23</answer>", 0.0),
                                        ("qa-2", "<answer>96</answer>", 1.0), ("qa-9", "<answer>1</answer>", 0.0)])  # fmt: skip
     assert rlcr_rows.answer_changes(before, after) == {"compared": 3, "same": 1, "lost": 1, "gained": 1}
+
+
+def test_unchanged_auroc_is_taken_over_the_answers_left_word_for_word(tmp_path: Path):
+    # four pair_lookup answers unchanged (right: stated 0.9, 0.3; wrong: 0.5, 0.1) and one changed
+    # (wrong, stated 0.95, left out). By hand over the unchanged: pairs (right, wrong) above = 0.9>0.5,
+    # 0.9>0.1, 0.3>0.1, 0.3<0.5 -> 3/4; expected confidences equal for all -> 0.5. table_lookup: one
+    # unchanged answer, one class only -> None.
+    def write(folder: Path, replies: list[tuple[str, str, str, float, float]]) -> Path:
+        folder.mkdir()
+        records = []
+        for pid, kind, text, right, conf in replies:
+            base = {
+                "prompt_id": pid,
+                "question": "Ages: Dina 17, Fay 96. What is the age of Fay?",
+                "kind": kind,
+            }
+            records.append(
+                {**base, "sample_type": "answer", "response": text, "reward": right, "answer_correct": right}
+            )
+            records.append({**base, "sample_type": "confidence", "confidence": conf, "expected_confidence": 0.4,
+                            "finish_reason": "eos"})  # fmt: skip
+        (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return folder
+
+    before = write(tmp_path / "before", [
+        ("q0", "pair_lookup", "a", 1.0, 0.1), ("q1", "pair_lookup", "b", 1.0, 0.1),
+        ("q2", "pair_lookup", "c", 0.0, 0.1), ("q3", "pair_lookup", "d", 0.0, 0.1),
+        ("q4", "pair_lookup", "e", 1.0, 0.1), ("q5", "table_lookup", "f", 1.0, 0.1)])  # fmt: skip
+    after = write(tmp_path / "after", [
+        ("q0", "pair_lookup", "a", 1.0, 0.9), ("q1", "pair_lookup", "b", 1.0, 0.3),
+        ("q2", "pair_lookup", "c", 0.0, 0.5), ("q3", "pair_lookup", "d", 0.0, 0.1),
+        ("q4", "pair_lookup", "moved", 0.0, 0.95), ("q5", "table_lookup", "f", 1.0, 0.7)])  # fmt: skip
+    result = rlcr_rows.unchanged_auroc(before, after)
+    assert result["pair_lookup"] == {"n": 4, "stated": 0.75, "expected": 0.5}
+    assert result["table_lookup"] == {"n": 1, "stated": None, "expected": None}

@@ -819,6 +819,25 @@ def test_two_turn_kl_rows_for_the_argmax_answers_only(
             ],
             "rlcr.candidate_mass_coef must be >= 0",
         ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_weighting=uniform",
+                "rlcr.candidate_level_coef=0.5",
+            ],
+            "rlcr.candidate_level_coef sets the level that the batch contrast leaves free",
+        ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_weighting=uniform",
+                "rlcr.candidate_baseline=batch",
+                "rlcr.candidate_level_coef=-1",
+            ],
+            "rlcr.candidate_level_coef must be >= 0",
+        ),
     ],
 )
 def test_enumerated_confidence_config_validation(tiny_cache, overrides, message):
