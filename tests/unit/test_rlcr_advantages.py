@@ -407,14 +407,19 @@ def _enumerated_batch(
     return batch, [(k, cands[j]) for k, j in rows]
 
 
-def test_estimator_adds_the_candidate_mass_term_to_the_contrast_by_hand():
-    settings = RLCRConfig(
+def _contrast_settings(**extra: float) -> RLCRConfig:
+    """Enumerated candidates, uniform weights, the batch contrast, lambda_conf 2, plus ``extra``."""
+    return RLCRConfig(
         confidence_decoding="enumerate",
         candidate_weighting="uniform",
         candidate_baseline="batch",
-        candidate_mass_coef=0.4,
         lambda_conf=2.0,
+        **extra,
     )
+
+
+def test_estimator_adds_the_candidate_mass_term_to_the_contrast_by_hand():
+    settings = _contrast_settings(candidate_mass_coef=0.4)
     batch, rows = _enumerated_batch(settings)
     adv, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
     # contrast (y - 0.5)(2c - 1) / 3; mass 0.4 * pi~: a [1/8, 2/8, 5/8], b [3/8, 3/8, 2/8]; times 2
@@ -483,13 +488,7 @@ def test_candidate_level_term_pulls_the_mean_confidence_to_the_accuracy():
 
 
 def test_estimator_adds_the_candidate_level_term_by_hand():
-    settings = RLCRConfig(
-        confidence_decoding="enumerate",
-        candidate_weighting="uniform",
-        candidate_baseline="batch",
-        candidate_level_coef=0.8,
-        lambda_conf=2.0,
-    )
+    settings = _contrast_settings(candidate_level_coef=0.8)
     batch, rows = _enumerated_batch(settings, with_accuracy=True)
     adv, _ = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(batch, AlgorithmConfig())
     y = {"a": 1.0, "b": 0.0}
