@@ -5,8 +5,9 @@ A two-turn RLCR model separates right from wrong answers within a kind only if s
 tells them apart. On the synthetic_qa lookups that something is the asked row: SmolLM2 answers the
 last-listed value, so it is right on the last row and wrong on the others (docs/real_model.md). This
 prints, for each evaluation folder (``nemo-azr eval`` output: ``samples.jsonl`` and ``metrics.json``),
-per kind: answers, accuracy, within-kind AUROC and over how many parsed confidences it is taken, mean
-confidence of right and wrong answers; and per
+per kind: answers, accuracy, within-kind AUROC (± its standard error, Hanley and McNeil) and over
+how many parsed confidences it is taken, mean
+confidence of right and wrong answers (and the expected confidence's AUROC where recorded); and per
 lookup kind and asked row: answers, right, mean confidence (and the mean expected confidence over
 the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``). With
 ``--against UNTRAINED_EVAL`` it also counts the answers that are the untrained model's word for word
@@ -25,7 +26,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from nemo_azr.rlcr.calibration import auroc
+from nemo_azr.rlcr.calibration import auroc, auroc_standard_error
 from nemo_azr.rlcr.common import ENUMERATED_FINISH
 
 LOOKUPS = ("single_lookup", "pair_lookup", "table_lookup")
@@ -50,6 +51,24 @@ def _mean(values: list[float]) -> float | None:
 
 def _f(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
+
+
+def _with_se(value: float | None, n_pos: int, n_neg: int) -> str:
+    """An AUROC with its standard error over ``n_pos`` right and ``n_neg`` wrong answers."""
+    if value is None or value != value:
+        return "n/a"
+    se = auroc_standard_error(value, n_pos, n_neg)
+    return f"{value:.3f}" if se != se else f"{value:.3f} ± {se:.3f}"
+
+
+def _expected_auroc(answers: list[dict]) -> str:
+    """The within-kind AUROC of the answers' expected confidence, with its standard error."""
+    scored = [r for r in answers if r["expected_confidence"] is not None]
+    if not scored:
+        return "n/a"
+    n_right = sum(r["right"] for r in scored)
+    value = auroc([r["expected_confidence"] for r in scored], [float(r["right"]) for r in scored])
+    return _with_se(value, n_right, len(scored) - n_right)
 
 
 def rows(folder: Path) -> list[dict]:
@@ -80,24 +99,27 @@ def rows(folder: Path) -> list[dict]:
 def report(folder: Path) -> str:
     metrics = json.loads((folder / "metrics.json").read_text())
     answers = rows(folder)
+    has_expected = any(r["expected_confidence"] is not None for r in answers)
     lines = [
         f"## {folder}",
         "",
-        "| kind | answers | accuracy | AUROC | confidences parsed | confidence right | confidence wrong |",
+        "| kind | answers | accuracy | AUROC | confidences parsed | confidence right | confidence wrong |"
+        + (" expected AUROC |" * has_expected),
     ]
-    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+    lines.append("| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" * has_expected))
     by_kind: dict[str, list[dict]] = defaultdict(list)
     for r in answers:
         by_kind[r.get("kind", "?")].append(r)
     for kind, rs in sorted(by_kind.items()):
         right = [r["stated_confidence"] for r in rs if r["right"] and r["stated_confidence"] is not None]
         wrong = [r["stated_confidence"] for r in rs if not r["right"] and r["stated_confidence"] is not None]
-        auroc = metrics.get("by_kind", {}).get(kind, {}).get("auroc")
+        value = metrics.get("by_kind", {}).get(kind, {}).get("auroc")
         lines.append(
-            f"| {kind} | {len(rs)} | {_f(_mean([float(r['right']) for r in rs]))} | {_f(auroc)} | "
+            f"| {kind} | {len(rs)} | {_f(_mean([float(r['right']) for r in rs]))} | "
+            f"{_with_se(value, len(right), len(wrong))} | "
             f"{len(right) + len(wrong)} | {_f(_mean(right))} | {_f(_mean(wrong))} |"
+            + (f" {_expected_auroc(rs)} |" if has_expected else "")
         )
-    has_expected = any(r["expected_confidence"] is not None for r in answers)
     lines += [
         "",
         "| kind | asked row | answers | right | mean confidence |"
@@ -138,7 +160,7 @@ def answer_changes(reference: Path, folder: Path) -> dict[str, int]:
 def unchanged_auroc(reference: Path, folder: Path) -> dict[str, dict[str, float | int | None]]:
     """Per kind, over the answers of ``folder`` that are word for word those of ``reference``: their
     count ``n`` and the AUROC of the written (``stated``) and the ``expected`` confidence for being
-    right (None where one class is missing or no value was recorded)."""
+    right (None where one class is missing or no value was recorded), and how many of them are ``right``."""
     before = {r["prompt_id"]: r["response"] for r in rows(reference)}
     by_kind: dict[str, list[dict]] = defaultdict(list)
     for r in rows(folder):
@@ -146,7 +168,7 @@ def unchanged_auroc(reference: Path, folder: Path) -> dict[str, dict[str, float 
             by_kind[r.get("kind", "?")].append(r)
     out: dict[str, dict[str, float | int | None]] = {}
     for kind, rs in sorted(by_kind.items()):
-        out[kind] = {"n": len(rs)}
+        out[kind] = {"n": len(rs), "right": sum(r["right"] for r in rs)}
         for key, field in (("stated", "stated_confidence"), ("expected", "expected_confidence")):
             scored = [r for r in rs if r[field] is not None]
             value = auroc([r[field] for r in scored], [float(r["right"]) for r in scored]) if scored else None
@@ -173,8 +195,9 @@ def main() -> None:
             )
             for kind, u in unchanged_auroc(args.against, folder).items():
                 print(
-                    f"  {kind}: within-kind AUROC over its {u['n']} unchanged answers: written "
-                    f"{_f(u['stated'])}, expected {_f(u['expected'])}"
+                    f"  {kind}: within-kind AUROC over its {u['n']} unchanged answers ({u['right']} "
+                    f"right): written {_with_se(u['stated'], u['right'], u['n'] - u['right'])}, "
+                    f"expected {_with_se(u['expected'], u['right'], u['n'] - u['right'])}"
                 )
             print()
 

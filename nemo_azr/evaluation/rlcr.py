@@ -10,6 +10,10 @@ With ``rlcr.expected_confidence_readout`` (on for a run trained with enumerated 
 answer's expected confidence over the candidates is scored too: ``expected_confidence`` holds its
 ECE, Brier and AUROC, and ``by_kind`` its per-kind AUROC and ECE (``expected_auroc``,
 ``expected_ece``). One point per answer, however many confidences were sampled for it.
+
+Each per-kind AUROC comes with its standard error (``auroc_se``, ``expected_auroc_se``; Hanley and
+McNeil), which takes the points as independent: exact for one greedy confidence per answer, too small
+when several sampled confidences of one answer are scored.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from typing import Any
 
 from nemo_azr.contracts import SampleType
 from nemo_azr.contracts import fields as F
-from nemo_azr.rlcr.calibration import calibration_metrics, plot_reliability_diagram, reliability_bins
+from nemo_azr.rlcr.calibration import (
+    auroc_standard_error,
+    calibration_metrics,
+    plot_reliability_diagram,
+    reliability_bins,
+)
 from nemo_azr.rlcr.common import ANSWER_CORRECT, CONFIDENCE, EXPECTED_CONFIDENCE, FORMAT_OK, HAS_CONFIDENCE
 
 DIAGRAM_FILE = "reliability.png"
@@ -118,6 +127,7 @@ class KindTally:
             "n": calib["n"],  # parsed confidences
             "mean_confidence": rounded(calib["mean_confidence"]),
             "auroc": rounded(calib["auroc"]),
+            "auroc_se": rounded(_auroc_se(calib["auroc"], [y for _, y in self.points])),
             "ece": rounded(calib["ece"]),
             "brier": rounded(calib["brier"]),
         }
@@ -126,8 +136,14 @@ class KindTally:
                 [c for c, _ in self.expected], [y for _, y in self.expected], n_bins=n_bins
             )
             out["expected_auroc"] = rounded(exp["auroc"])
+            out["expected_auroc_se"] = rounded(_auroc_se(exp["auroc"], [y for _, y in self.expected]))
             out["expected_ece"] = rounded(exp["ece"])
         return out
+
+
+def _auroc_se(auc: float, correct: list[float]) -> float:
+    n_pos = sum(1 for y in correct if y > 0.5)
+    return auroc_standard_error(auc, n_pos, len(correct) - n_pos)
 
 
 def _fmt(v: float) -> str:

@@ -11,7 +11,13 @@ from nemo_azr.rlcr.advantages import (
     group_normalize,
     rlcr_hierarchical,
 )
-from nemo_azr.rlcr.calibration import auroc, calibration_metrics, plot_reliability_diagram, reliability_bins
+from nemo_azr.rlcr.calibration import (
+    auroc,
+    auroc_standard_error,
+    calibration_metrics,
+    plot_reliability_diagram,
+    reliability_bins,
+)
 from nemo_azr.rlcr.parsing import (
     answer_format_ok,
     confidence_format_ok,
@@ -35,6 +41,7 @@ __all__ = [
     "answer_format_ok",
     "answer_span_mask",
     "auroc",
+    "auroc_standard_error",
     "brier_reward",
     "calibration_metrics",
     "confidence_advantages",

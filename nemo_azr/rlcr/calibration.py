@@ -62,6 +62,21 @@ def auroc(confidences: Sequence[float], correct: Sequence[float]) -> float:
     return float(u / (n_pos * n_neg))
 
 
+def auroc_standard_error(auc: float, n_pos: int, n_neg: int) -> float:
+    """Standard error of an AUROC estimate over ``n_pos`` right and ``n_neg`` wrong answers, by
+    Hanley and McNeil (1982): a closed form, so an evaluation of a few hundred answers can say
+    whether 0.62 is told apart from 0.5 (or from 0.6) without a bootstrap. NaN without both classes
+    or a finite AUROC. No maintained library gives it (scikit-learn has the AUROC only)."""
+    if n_pos < 1 or n_neg < 1 or not math.isfinite(auc):
+        return math.nan
+    q1 = auc / (2.0 - auc)  # P(two random right answers both outrank one wrong answer)
+    q2 = 2.0 * auc * auc / (1.0 + auc)  # P(one right answer outranks two random wrong answers)
+    variance = (auc * (1.0 - auc) + (n_pos - 1) * (q1 - auc * auc) + (n_neg - 1) * (q2 - auc * auc)) / (
+        n_pos * n_neg
+    )
+    return math.sqrt(max(variance, 0.0))
+
+
 def calibration_metrics(confidences: Sequence[float], correct: Sequence[float], n_bins: int = 10) -> dict:
     """``ece`` (equal-width bins), ``brier`` (mean squared error), ``auroc``, ``accuracy``,
     ``mean_confidence`` and ``n``. Empty input gives NaN for every metric and ``n = 0``."""

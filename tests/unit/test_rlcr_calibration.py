@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from nemo_azr.rlcr import calibration_metrics, plot_reliability_diagram, reliability_bins
+from nemo_azr.rlcr import (
+    auroc,
+    auroc_standard_error,
+    calibration_metrics,
+    plot_reliability_diagram,
+    reliability_bins,
+)
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
@@ -141,7 +147,10 @@ def test_calibration_eval_reports_calibration_within_each_question_kind(tmp_path
     result = run_calibration_eval(run)
     # Per kind by hand: lookup: ECE |0.75 - 0.9|, Brier (3 * 0.1^2 + 0.9^2) / 4; word: ECE |0.25 - 0.1|,
     # Brier (0.9^2 + 3 * 0.1^2) / 4; every confidence of a kind is tied, so AUROC 0.5 within it.
-    expected = {"num_answers": 4, "n": 4, "auroc": 0.5, "ece": 0.15, "brier": 0.21}
+    # Its Hanley-McNeil error at A = 1/2 over 3 and 1 answers of a class (Q1 = Q2 = 1/3):
+    # var = (1/4 + 2 (1/3 - 1/4) + 0) / 3 in each kind.
+    se = round(math.sqrt((0.25 + 2 * (1 / 3 - 0.25)) / 3), 4)
+    expected = {"num_answers": 4, "n": 4, "auroc": 0.5, "auroc_se": se, "ece": 0.15, "brier": 0.21}
     assert result["by_kind"] == {
         "lookup": {**expected, "answer_accuracy": 0.75, "mean_confidence": 0.9},
         "word": {**expected, "answer_accuracy": 0.25, "mean_confidence": 0.1},
@@ -221,3 +230,32 @@ def test_eval_scores_the_expected_confidence_once_per_answer(tmp_path):
     assert exp["brier"] == pytest.approx((0.04 + 0.25 + 0.36 + 0.04) / 4)
     assert result["by_kind"]["lookup"]["expected_auroc"] == pytest.approx(0.75)
     assert result["by_kind"]["lookup"]["auroc"] == pytest.approx(0.5)
+    # Hanley-McNeil over the 2 right and 2 wrong answers, A = 0.75: Q1 = 0.75/1.25, Q2 = 2*0.75^2/1.75
+    var = (0.75 * 0.25 + (0.6 - 0.5625) + (2 * 0.5625 / 1.75 - 0.5625)) / 4
+    assert result["by_kind"]["lookup"]["expected_auroc_se"] == pytest.approx(math.sqrt(var), abs=1e-4)
+
+
+def test_auroc_standard_error_by_hand_and_without_both_classes():
+    # A = 0.75 over 10 right and 20 wrong: Q1 = 0.75/1.25 = 0.6, Q2 = 2 * 0.5625 / 1.75;
+    # var = (0.1875 + 9 (0.6 - 0.5625) + 19 (Q2 - 0.5625)) / 200
+    q2 = 2 * 0.5625 / 1.75
+    expected = math.sqrt((0.1875 + 9 * 0.0375 + 19 * (q2 - 0.5625)) / 200)
+    assert auroc_standard_error(0.75, 10, 20) == pytest.approx(expected)
+    assert math.isnan(auroc_standard_error(0.75, 0, 20))
+    assert math.isnan(auroc_standard_error(math.nan, 10, 20))
+
+
+def test_auroc_standard_error_matches_the_spread_of_resampled_aurocs():
+    # The formula against its own definition: the standard deviation of the AUROC over many
+    # independent evaluations of 40 right and 60 wrong answers whose confidences are normal with
+    # means 0.8 apart (true AUROC = Phi(0.8 / sqrt 2)). Hanley-McNeil is within a few percent here.
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    true_auc = 0.5 * (1 + math.erf(0.8 / math.sqrt(2) / math.sqrt(2)))
+    labels = [1.0] * 40 + [0.0] * 60
+    values = []
+    for _ in range(2000):
+        scores = np.concatenate([rng.normal(0.8, 1.0, 40), rng.normal(0.0, 1.0, 60)])
+        values.append(auroc(1 / (1 + np.exp(-scores)), labels))  # squashed into [0, 1]
+    assert float(np.mean(values)) == pytest.approx(true_auc, abs=0.005)
+    assert auroc_standard_error(true_auc, 40, 60) == pytest.approx(float(np.std(values)), rel=0.08)

@@ -1,6 +1,7 @@
 """benchmarks/rlcr_rows.py: asked rows and the join of answers with their stated confidence."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -68,7 +69,8 @@ def test_single_turn_answers_carry_their_own_confidence_and_are_right_by_the_ans
     assert (wrong["right"], wrong["stated_confidence"]) == (False, 0.9)
     assert (right["right"], right["stated_confidence"]) == (True, 0.8)
     table = rlcr_rows.report(tmp_path)
-    assert "| pair_lookup | 2 | 0.500 | 0.000 | 2 | 0.800 | 0.900 |" in table
+    # one right and one wrong answer at AUROC 0: Hanley-McNeil gives Q1 = Q2 = 0, so no spread
+    assert "| pair_lookup | 2 | 0.500 | 0.000 ± 0.000 | 2 | 0.800 | 0.900 |" in table
 
 
 def test_answer_changes_count_same_replies_and_right_answers_lost_and_gained(tmp_path: Path):
@@ -122,5 +124,36 @@ def test_unchanged_auroc_is_taken_over_the_answers_left_word_for_word(tmp_path: 
         ("q2", "pair_lookup", "c", 0.0, 0.5), ("q3", "pair_lookup", "d", 0.0, 0.1),
         ("q4", "pair_lookup", "moved", 0.0, 0.95), ("q5", "table_lookup", "f", 1.0, 0.7)])  # fmt: skip
     result = rlcr_rows.unchanged_auroc(before, after)
-    assert result["pair_lookup"] == {"n": 4, "stated": 0.75, "expected": 0.5}
-    assert result["table_lookup"] == {"n": 1, "stated": None, "expected": None}
+    assert result["pair_lookup"] == {"n": 4, "right": 2, "stated": 0.75, "expected": 0.5}
+    assert result["table_lookup"] == {"n": 1, "right": 1, "stated": None, "expected": None}
+
+
+def test_report_gives_each_kind_auroc_with_its_hanley_mcneil_error(tmp_path: Path):
+    # three right answers (expected 0.8, 0.6, 0.4) and two wrong (0.5, 0.2): right outranks wrong in
+    # 5 of 6 pairs -> expected AUROC 5/6. Hanley-McNeil by hand with A = 5/6, n_right 3, n_wrong 2:
+    # Q1 = A/(2-A) = 5/7, Q2 = 2A^2/(1+A) = 25/33; var = (A(1-A) + 2(Q1-A^2) + 1(Q2-A^2)) / 6
+    a = 5 / 6
+    q1, q2 = 5 / 7, 25 / 33
+    se = math.sqrt((a * (1 - a) + 2 * (q1 - a * a) + (q2 - a * a)) / 6)
+    folder = tmp_path / "eval"
+    folder.mkdir()
+    records = []
+    for pid, (right, expected) in enumerate([(1.0, 0.8), (1.0, 0.6), (1.0, 0.4), (0.0, 0.5), (0.0, 0.2)]):
+        base = {"prompt_id": f"q{pid}", "question": "Ages: Dina 17, Fay 96. What is the age of Fay?",
+                "kind": "pair_lookup"}  # fmt: skip
+        records.append(
+            {**base, "sample_type": "answer", "response": "96", "reward": right, "answer_correct": right}
+        )
+        records.append({**base, "sample_type": "confidence", "confidence": 0.5, "expected_confidence": expected,
+                        "finish_reason": "eos"})  # fmt: skip
+    (folder / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / "metrics.json").write_text(json.dumps({"by_kind": {"pair_lookup": {"auroc": 0.5}}}))
+    row = next(
+        line for line in rlcr_rows.report(folder).splitlines() if line.startswith("| pair_lookup | 5 |")
+    )
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # the written confidences are all 0.5: AUROC 0.5, whose error is Hanley-McNeil at A = 1/2
+    q1_half, q2_half = 1 / 3, 1 / 3
+    se_half = math.sqrt((0.25 + 2 * (q1_half - 0.25) + (q2_half - 0.25)) / 6)
+    assert cells[3] == f"0.500 ± {se_half:.3f}"
+    assert cells[7] == f"{a:.3f} ± {se:.3f}"
