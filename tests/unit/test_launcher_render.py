@@ -344,3 +344,22 @@ def test_plain_scancel_ends_the_job_without_requeue(capsys, tmp_path):
     assert "got SIGTERM, forwarding" in out and "training exited with status 75" in out
     assert "SIGTERM reached job 42 (scancel, or a preemption Slurm does not requeue)" in out
     assert "requeue 42" not in scontrol and rc == 75
+
+
+def test_lost_ranks_after_slurm_requeued_the_job_name_the_node_and_do_not_requeue_again(capsys, tmp_path):
+    # A node's slurmd dies: Slurm fails the job (NODE_FAIL) and requeues it (Restarts 1 > this run's
+    # 0) before the surviving ranks exit 76. A second `scontrol requeue` would fail on the pending job
+    # and tell the user to resubmit; the script says what Slurm did instead, naming the down node.
+    env = {
+        "FAKE_RC": "76",
+        "FAKE_TICKS": "1",
+        "FAKE_JOB_RECORD": RECORD + "Requeue=1 Restarts=1 BatchFlag=1",
+        "FAKE_DOWN_NODES": "node2",
+    }
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=False, env_extra=env)
+    assert "Slurm has requeued job 42 (node failure: node2 not responding)" in out, out
+    assert "requeue 42" not in scontrol and "resubmit" not in out and rc == 0
+    # the same loss while Slurm has not requeued it: the script requeues the job itself
+    env["FAKE_JOB_RECORD"] = RECORD + "Requeue=1 Restarts=0 BatchFlag=1"
+    rc, out, scontrol = run_script(capsys, tmp_path, signal_it=False, env_extra=env)
+    assert "ranks were lost" in out and "requeue 42" in scontrol and rc == 0, out
