@@ -61,14 +61,13 @@ def _with_se(value: float | None, n_pos: int, n_neg: int) -> str:
     return f"{value:.3f}" if se != se else f"{value:.3f} ± {se:.3f}"
 
 
-def _expected_auroc(answers: list[dict]) -> str:
-    """The within-kind AUROC of the answers' expected confidence, with its standard error."""
-    scored = [r for r in answers if r["expected_confidence"] is not None]
-    if not scored:
-        return "n/a"
+def _field_auroc(answers: list[dict], field: str) -> tuple[float | None, int, int]:
+    """AUROC of ``field`` for being right over the answers that carry it (None when none do, NaN with
+    one class), and how many of those are right and wrong."""
+    scored = [r for r in answers if r[field] is not None]
     n_right = sum(r["right"] for r in scored)
-    value = auroc([r["expected_confidence"] for r in scored], [float(r["right"]) for r in scored])
-    return _with_se(value, n_right, len(scored) - n_right)
+    value = auroc([r[field] for r in scored], [float(r["right"]) for r in scored]) if scored else None
+    return value, n_right, len(scored) - n_right
 
 
 def rows(folder: Path) -> list[dict]:
@@ -118,7 +117,7 @@ def report(folder: Path) -> str:
             f"| {kind} | {len(rs)} | {_f(_mean([float(r['right']) for r in rs]))} | "
             f"{_with_se(value, len(right), len(wrong))} | "
             f"{len(right) + len(wrong)} | {_f(_mean(right))} | {_f(_mean(wrong))} |"
-            + (f" {_expected_auroc(rs)} |" if has_expected else "")
+            + (f" {_with_se(*_field_auroc(rs, 'expected_confidence'))} |" if has_expected else "")
         )
     lines += [
         "",
@@ -170,8 +169,7 @@ def unchanged_auroc(reference: Path, folder: Path) -> dict[str, dict[str, float 
     for kind, rs in sorted(by_kind.items()):
         out[kind] = {"n": len(rs), "right": sum(r["right"] for r in rs)}
         for key, field in (("stated", "stated_confidence"), ("expected", "expected_confidence")):
-            scored = [r for r in rs if r[field] is not None]
-            value = auroc([r[field] for r in scored], [float(r["right"]) for r in scored]) if scored else None
+            value, _, _ = _field_auroc(rs, field)
             out[kind][key] = None if value is None or value != value else value  # NaN: one class only
     return out
 
