@@ -406,7 +406,10 @@ class RLCRConfig:
     # enumerate with candidate_weighting=uniform: what a candidate's reward is compared against.
     # "answer": the mean over the answer's candidates (decision 218). "batch": the mean reward of the
     # same candidate value over the step's answers, so only what tells answers apart moves the
-    # confidence (for the Brier reward (y - mean y)(2c - 1) / K), not what all answers share
+    # confidence (for the Brier reward (y - mean y)(2c - 1) / K), not what all answers share. "kind":
+    # the same over the step's answers of the question's kind (Example.meta["kind"]), so an easier
+    # kind no longer pushes all its confidences up: only what tells answers of one kind apart moves
+    # them; candidate_level_coef then sets each kind's level (decision 226)
     candidate_baseline: str = "answer"
     # candidate_baseline=batch: s in (0, 1], the advantage s * (batch contrast) + (1 - s) * (the answer
     # baseline's). Each context's Brier-best value p then becomes base + (p - base) / (1 - s), base the
@@ -418,7 +421,7 @@ class RLCRConfig:
     # any candidate), which keeps the mass on well-formed confidences without pulling the values apart
     # (decision 220). 0: off
     candidate_mass_coef: float = 0.0
-    # enumerate with candidate_baseline=batch: c >= 0 adds c * 2 (mean y - mean e) (cand - mean cand) / K to
+    # enumerate with candidate_baseline=batch (or kind, per kind): c >= 0 adds c * 2 (mean y - mean e) (cand - mean cand) / K to
     # each candidate's advantage (mean y the step's accuracy, mean e its mean expected confidence): the
     # gradient of -c (mean y - mean e)^2, which pulls the confidence's level to the accuracy (the level
     # the contrast leaves free) and is 0 once they agree (decision 224). 0: off

@@ -31,7 +31,7 @@ from nemo_azr.config.schema import AlgorithmConfig, RLCRConfig
 from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
-from nemo_azr.rlcr.common import ANSWER_CORRECT, CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER
+from nemo_azr.rlcr.common import ANSWER_CORRECT, CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER, QUESTION_KIND
 from nemo_azr.rlcr.config_check import CANDIDATE_WEIGHTINGS
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
@@ -182,11 +182,14 @@ def candidate_level_advantages(
     logprobs: torch.Tensor | Sequence[float],
     answer_ids: Ids,
     coef: float,
+    strata: Sequence[Hashable] | None = None,
 ) -> torch.Tensor:
     """``rlcr.candidate_level_coef``: candidate ``c`` of answer ``i`` gets
     ``coef * 2 (mean y - mean e) (c - cbar_i) / K_i``, ``mean y`` the step's accuracy over its answers,
     ``mean e`` the mean over answers of the policy's expected confidence ``e_i = sum_c pi~(c) c``,
-    ``cbar_i`` the mean of the answer's ``K_i`` candidate values.
+    ``cbar_i`` the mean of the answer's ``K_i`` candidate values. With ``strata`` (one per row, e.g.
+    the question's kind; ``rlcr.candidate_baseline=kind``) both means are taken over the answers of
+    the row's stratum: each stratum's level is pulled to its own accuracy.
 
     It is the gradient of ``-coef (mean y - mean e)^2`` (calibration in the large) with the uniform
     candidate weights of the batch contrast: every answer's candidates are pushed up along their
@@ -211,14 +214,34 @@ def candidate_level_advantages(
         0, index, _probabilities_in_groups(logp, index, num_groups) * values
     )
     accuracy = group_mean(y, index, num_groups)  # one value per answer: its candidates share it
-    gap = float(accuracy.mean() - expected.mean())
+    stratum = _answer_strata(index, num_groups, strata, len(ids))
+    num_strata = int(stratum.max()) + 1
+    gap = group_mean(accuracy, stratum, num_strata) - group_mean(expected, stratum, num_strata)
     count = group_size(index, num_groups).to(STATS_DTYPE)
     centred = values - group_mean(values, index, num_groups)[index]
-    return (coef * 2 * gap * centred / count[index]).to(ADVANTAGE_DTYPE)
+    return (coef * 2 * gap[stratum][index] * centred / count[index]).to(ADVANTAGE_DTYPE)
+
+
+def _answer_strata(
+    index: torch.Tensor, num_groups: int, strata: Sequence[Hashable] | None, num_rows: int
+) -> torch.Tensor:
+    """Each answer's stratum index (``[num_groups]``) from per-row strata; one stratum without."""
+    if strata is None:
+        return torch.zeros(num_groups, dtype=torch.long)
+    if len(strata) != num_rows:
+        raise BatchContractError(f"{len(strata)} strata for {num_rows} candidate rows")
+    per_row = group_index(list(strata))
+    per_answer = torch.zeros(num_groups, dtype=torch.long).scatter(0, index, per_row)
+    if not torch.equal(per_answer[index], per_row):
+        raise BatchContractError("the candidates of one answer must share its stratum (question kind)")
+    return per_answer
 
 
 def contrast_confidence_advantages(
-    rewards: torch.Tensor | Sequence[float], candidate_values: Sequence[float], answer_ids: Ids
+    rewards: torch.Tensor | Sequence[float],
+    candidate_values: Sequence[float],
+    answer_ids: Ids,
+    strata: Sequence[Hashable] | None = None,
 ) -> torch.Tensor:
     """``rlcr.candidate_baseline=batch`` (uniform weights): candidate ``c`` of answer ``i`` gets
     ``(R_ic - mean_j R_jc) / K_i``, its reward against the mean reward of the same value ``c`` over
@@ -227,6 +250,11 @@ def contrast_confidence_advantages(
     For the Brier reward ``R_ic = 1 - (y_i - c)^2`` this is ``(y_i - mean y)(2c - 1) / K_i``: right
     answers push every candidate up in proportion to its value and wrong ones down, and what all
     answers share (the batch's base rate) no longer moves the confidence (decision 218).
+
+    ``strata`` (one per row; ``rlcr.candidate_baseline=kind``): the mean runs over the answers ``j``
+    of the row's stratum only, ``(y_i - mean y_kind)(2c - 1) / K_i``, so a kind whose answers are
+    right more often than the batch's no longer pushes all its confidences up: only what tells
+    answers of one kind apart moves them (decision 226).
     """
     values = torch.as_tensor(rewards, dtype=STATS_DTYPE).reshape(-1)
     ids = _as_ids(answer_ids)
@@ -236,7 +264,12 @@ def contrast_confidence_advantages(
         )
     if values.numel() == 0:
         return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
-    by_value = group_index([round(float(v), 6) for v in candidate_values])
+    keys = [round(float(v), 6) for v in candidate_values]
+    if strata is not None:
+        if len(strata) != len(keys):
+            raise BatchContractError(f"{len(strata)} strata for {len(keys)} candidate rows")
+        keys = list(zip(strata, keys))
+    by_value = group_index(keys)
     index = group_index(ids)
     per_value = group_mean(values, by_value, int(by_value.max()) + 1)
     count = group_size(index, int(index.max()) + 1).to(STATS_DTYPE)
@@ -327,6 +360,18 @@ def _meta_of_rows(batch: Batch, key: str, rows: list[int], needed_by: str) -> li
     return [batch.meta[key][i] for i in rows]
 
 
+def _question_kinds(batch: Batch, rows: list[int]) -> list[Hashable]:
+    """``rlcr.candidate_baseline=kind``: each candidate row's question kind (its stratum)."""
+    kinds = _meta_of_rows(batch, QUESTION_KIND, rows, "rlcr.candidate_baseline=kind")
+    if rows and all(k is None for k in kinds):
+        raise BatchContractError(
+            "rlcr.candidate_baseline=kind compares answers of the same question kind, and this task's "
+            "questions carry none (Example.meta['kind'], as synthetic_qa and arithmetic set it): use "
+            "rlcr.candidate_baseline=batch"
+        )
+    return kinds
+
+
 def _candidate_advantages(
     batch: Batch,
     settings: RLCRConfig,
@@ -337,12 +382,16 @@ def _candidate_advantages(
 ) -> torch.Tensor:
     """The enumerated candidates' advantages before ``lambda_conf``: the Brier term against the
     answer's or the batch's baseline, then the optional level and mass terms."""
-    if settings.candidate_baseline == "batch":
+    strata = _question_kinds(batch, rows) if settings.candidate_baseline == "kind" else None
+    if settings.candidate_baseline in ("batch", "kind"):
         values = _meta_of_rows(
-            batch, CONFIDENCE, rows, "rlcr.candidate_baseline=batch compares candidates of the same value"
+            batch,
+            CONFIDENCE,
+            rows,
+            f"rlcr.candidate_baseline={settings.candidate_baseline} compares candidates of the same value",
         )
         share = settings.candidate_batch_share
-        adv = share * contrast_confidence_advantages(rewards, values, answers)
+        adv = share * contrast_confidence_advantages(rewards, values, answers, strata)
         if share < 1:  # the answer baseline sets the level the contrast alone leaves free
             adv += (1 - share) * expected_confidence_advantages(
                 rewards, logprobs, answers, weighting="uniform"
@@ -359,6 +408,7 @@ def _candidate_advantages(
             logprobs,
             answers,
             settings.candidate_level_coef,
+            strata,
         )
     if settings.candidate_mass_coef > 0:
         adv += candidate_mass_advantages(logprobs, answers, settings.candidate_mass_coef)

@@ -30,6 +30,9 @@ GREEDY_ANSWER = "greedy_answer"
 #: in (its answer; with rlcr.analyses_per_answer its analysis), whose candidates share one expected
 #: reward as baseline; None on every other row
 CANDIDATE_OF = "candidate_of"
+#: two-turn confidence rows: the question's kind (``Example.meta["kind"]``; None where the task has
+#: none), the stratum of ``rlcr.candidate_baseline=kind``
+QUESTION_KIND = "question_kind"
 #: finish_reason of an enumerated candidate row: scored by the policy, not decoded (the samples
 #: written by an evaluation carry it, so a reader can tell a candidate from the stated confidence)
 ENUMERATED_FINISH = "enumerated"
@@ -57,6 +60,11 @@ def format_instruction(settings: RLCRConfig, *, single_turn: bool) -> str:
     if settings.format_prompt != AUTO_FORMAT:
         return settings.format_prompt
     return SINGLE_TURN_FORMAT if single_turn else ANSWER_TURN_FORMAT
+
+
+def question_kind(example: Any) -> Any:
+    """The example's ``meta["kind"]`` (None where its task gives none): the ``QUESTION_KIND`` meta."""
+    return (example.meta or {}).get("kind")
 
 
 def confidence_candidate_texts(values: Sequence[float]) -> list[str]:

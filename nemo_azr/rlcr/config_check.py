@@ -9,7 +9,7 @@ from nemo_azr.rlcr.common import confidence_candidate_texts, confidence_rows_kl_
 ANSWER_DECODINGS = ("sample", "greedy", "greedy_and_sample")  # rlcr.answer_decoding
 CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
 CANDIDATE_WEIGHTINGS = ("policy", "uniform")  # rlcr.candidate_weighting
-CANDIDATE_BASELINES = ("answer", "batch")  # rlcr.candidate_baseline
+CANDIDATE_BASELINES = ("answer", "batch", "kind")  # rlcr.candidate_baseline
 
 
 def check_rlcr_config(cfg: NemoAzrConfig) -> None:
@@ -93,9 +93,9 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"rlcr.candidate_batch_share must be in (0, 1], got {r.candidate_batch_share}",
         )
         require(
-            r.candidate_batch_share == 1 or r.candidate_baseline == "batch",
+            r.candidate_batch_share == 1 or r.candidate_baseline in ("batch", "kind"),
             "rlcr.candidate_batch_share mixes the batch contrast with the answer baseline: set "
-            "rlcr.candidate_baseline=batch",
+            "rlcr.candidate_baseline=batch (or kind)",
         )
         require(
             r.candidate_mass_coef >= 0, f"rlcr.candidate_mass_coef must be >= 0, got {r.candidate_mass_coef}"
@@ -110,9 +110,10 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"rlcr.candidate_level_coef must be >= 0, got {r.candidate_level_coef}",
         )
         require(
-            r.candidate_level_coef == 0 or r.candidate_baseline == "batch",
+            r.candidate_level_coef == 0 or r.candidate_baseline in ("batch", "kind"),
             "rlcr.candidate_level_coef sets the level that the batch contrast leaves free: set "
-            "rlcr.candidate_baseline=batch (with confidence_decoding=enumerate, candidate_weighting=uniform)",
+            "rlcr.candidate_baseline=batch or kind (with confidence_decoding=enumerate, "
+            "candidate_weighting=uniform)",
         )
         require(
             r.analyses_per_answer >= 0, f"rlcr.analyses_per_answer must be >= 0, got {r.analyses_per_answer}"

@@ -55,6 +55,7 @@ from nemo_azr.rlcr.common import (
     FORMAT_OK,
     GREEDY_ANSWER,
     HAS_CONFIDENCE,
+    QUESTION_KIND,
     RowBuffer,
     calibration_step_metrics,
     confidence_candidate_texts,
@@ -62,6 +63,7 @@ from nemo_azr.rlcr.common import (
     continue_conversation,
     format_instruction,
     pad_id,
+    question_kind,
     rlcr_settings,
     spread_fraction,
     turn_metrics,
@@ -195,6 +197,7 @@ class TwoTurnRLCRWorkflow:
                         HAS_CONFIDENCE: False,
                         FORMAT_OK: answer_format_ok(sample.text),
                         GREEDY_ANSWER: k < untrained,
+                        QUESTION_KIND: question_kind(ex),
                     },
                 )
                 context = self.confidence_context(prompt_ids[i], sample.token_ids, ex, sample.text)
@@ -297,6 +300,7 @@ class TwoTurnRLCRWorkflow:
             EXPECTED_CONFIDENCE: expected,  # the answer's, over the candidates (None: not scored)
             HAS_CONFIDENCE: True,
             FORMAT_OK: c is not None,
+            QUESTION_KIND: question_kind(ex),
         }
 
     def _sample_confidences(

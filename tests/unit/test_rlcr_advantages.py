@@ -499,6 +499,92 @@ def test_estimator_adds_the_candidate_level_term_by_hand():
         ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")(_enumerated_batch(settings)[0], AlgorithmConfig())
 
 
+def test_contrast_within_each_stratum_by_hand():
+    """``strata`` (rlcr.candidate_baseline=kind): kind X has a right answer "a" and a wrong one "b",
+    kind Y two right answers "c", "d"; candidates 0.0 / 0.5 / 1.0. Within X the contrast is
+    (y - 0.5)(2c - 1) / 3; within Y every answer is right, so nothing tells them apart and nothing
+    moves. Over the whole batch (mean y 0.75) the same rows get (y - 0.75)(2c - 1) / 3: Y's
+    right answers push up only because their kind is easier."""
+    from nemo_azr.rlcr.advantages import contrast_confidence_advantages
+
+    cands = [0.0, 0.5, 1.0]
+    acc = {"a": 1.0, "b": 0.0, "c": 1.0, "d": 1.0}
+    kind = {"a": "X", "b": "X", "c": "Y", "d": "Y"}
+    rows = [(k, j) for j in range(3) for k in "dbca"]  # interleaved: value-major, kinds mixed
+    rewards = [1 - (acc[k] - cands[j]) ** 2 for k, j in rows]
+    values = [cands[j] for _, j in rows]
+    ids = [k for k, _ in rows]
+    adv = contrast_confidence_advantages(rewards, values, ids, [kind[k] for k in ids])
+    by_hand = [(acc[k] - 0.5) * (2 * cands[j] - 1) / 3 if kind[k] == "X" else 0.0 for k, j in rows]
+    assert adv.tolist() == pytest.approx(by_hand, abs=1e-6)
+    whole = contrast_confidence_advantages(rewards, values, ids)
+    assert whole.tolist() == pytest.approx(
+        [(acc[k] - 0.75) * (2 * cands[j] - 1) / 3 for k, j in rows], abs=1e-6
+    )
+    with pytest.raises(BatchContractError, match="strata"):
+        contrast_confidence_advantages(rewards, values, ids, ["X"])
+
+
+def test_candidate_level_within_each_stratum_by_hand():
+    """pi~: a [1/8, 2/8, 5/8] (e 0.75, right), b [3/8, 3/8, 2/8] (e 0.4375, wrong) in kind X (accuracy
+    0.5, mean e 0.59375); c uniform (e 0.5, right) alone in kind Y (accuracy 1, mean e 0.5). Each
+    answer's candidates get coef * 2 * (its kind's accuracy - its kind's mean e) * (c - 0.5) / 3."""
+    from nemo_azr.rlcr.advantages import candidate_level_advantages
+
+    probs = {"a": [0.1, 0.2, 0.5], "b": [0.3, 0.3, 0.2], "c": [0.2, 0.2, 0.2]}
+    acc = {"a": 1.0, "b": 0.0, "c": 1.0}
+    kind = {"a": "X", "b": "X", "c": "Y"}
+    gap = {"X": 0.5 - 0.59375, "Y": 1.0 - 0.5}
+    rows = [("b", 1), ("c", 0), ("a", 0), ("a", 2), ("c", 2), ("b", 0), ("a", 1), ("b", 2), ("c", 1)]
+    cands = [0.0, 0.5, 1.0]
+    args = (
+        [acc[k] for k, _ in rows],
+        [cands[j] for _, j in rows],
+        [math.log(probs[k][j]) for k, j in rows],
+        [k for k, _ in rows],
+        0.8,
+    )
+    adv = candidate_level_advantages(*args, [kind[k] for k, _ in rows])
+    assert adv.tolist() == pytest.approx(
+        [0.8 * 2 * gap[kind[k]] * (cands[j] - 0.5) / 3 for k, j in rows], abs=1e-7
+    )
+    # one stratum: the batch's accuracy 2/3 against its mean e (0.75 + 0.4375 + 0.5) / 3
+    whole = candidate_level_advantages(*args)
+    assert whole.tolist() == pytest.approx(
+        [0.8 * 2 * (2 / 3 - 1.6875 / 3) * (cands[j] - 0.5) / 3 for _, j in rows], abs=1e-7
+    )
+    with pytest.raises(BatchContractError, match="share its stratum"):
+        candidate_level_advantages(*args, ["Y"] + [kind[k] for k, _ in rows[1:]])  # one of b's rows in Y
+
+
+def test_estimator_with_the_kind_baseline_by_hand():
+    """rlcr.candidate_baseline=kind through the estimator: the two answers of _enumerated_batch in
+    one kind give the batch contrast and level (it is the whole batch); in two kinds each answer is
+    alone in its kind, so the contrast is 0 and each level term pulls its own expectation to its
+    own accuracy. A task without kinds is told to use the batch baseline."""
+    from nemo_azr.rlcr.common import QUESTION_KIND
+
+    settings = _contrast_settings(candidate_level_coef=0.8)
+    kind_settings = RLCRConfig(**{**settings.__dict__, "candidate_baseline": "kind"})
+    estimator = ADVANTAGE_ESTIMATORS.get("rlcr_hierarchical")
+    batch, rows = _enumerated_batch(kind_settings, with_accuracy=True)
+    batch.meta[QUESTION_KIND] = ["lookup"] * len(rows)
+    same_kind, _ = estimator(batch, AlgorithmConfig())
+    whole, _ = estimator(_enumerated_batch(settings, with_accuracy=True)[0], AlgorithmConfig())
+    torch.testing.assert_close(same_kind, whole, rtol=0, atol=1e-7)
+
+    batch.meta[QUESTION_KIND] = [k for k, _ in rows]  # "a" and "b" each their own kind
+    apart, _ = estimator(batch, AlgorithmConfig())
+    e = {"a": 0.75, "b": 0.4375}
+    y = {"a": 1.0, "b": 0.0}
+    expected = [2.0 * 0.8 * 2 * (y[k] - e[k]) * (c - 0.5) / 3 for k, c in rows]
+    assert apart[:, 2].tolist() == pytest.approx(expected, abs=1e-6)
+
+    batch.meta[QUESTION_KIND] = [None] * len(rows)
+    with pytest.raises(BatchContractError, match="rlcr.candidate_baseline=batch"):
+        estimator(batch, AlgorithmConfig())
+
+
 def _lookup_batch(settings: RLCRConfig) -> tuple[Batch, list[tuple[str, float]]]:
     """Two contexts of 10 answers each, right 3 and 7 times (the batch's accuracy 0.5), the 11
     candidates 0.0-1.0 after every answer, all equally likely."""

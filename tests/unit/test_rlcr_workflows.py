@@ -11,7 +11,7 @@ from nemo_azr.contracts import fields as F
 from nemo_azr.contracts import validate_batch
 from nemo_azr.contracts.generation import GenerationOutput, Sample, SamplingParams
 from nemo_azr.contracts.task import Example
-from nemo_azr.errors import ConfigError
+from nemo_azr.errors import BatchContractError, ConfigError
 from nemo_azr.models.tiny import load_tokenizer
 from nemo_azr.preflight import load_config
 from nemo_azr.registry import WORKFLOWS
@@ -645,6 +645,48 @@ def test_two_turn_uniform_candidate_weights_through_the_estimator(tok, tiny_cach
         assert torch.allclose(row, torch.full_like(row, expected), atol=1e-6)
 
 
+def test_two_turn_kind_baseline_contrasts_answers_of_one_kind(tok, tiny_cache):
+    """rlcr.candidate_baseline=kind: the workflow puts each question's kind on its candidate rows,
+    and the estimator contrasts an answer only with the answers of its kind. Two additions of kind
+    "sum" (one right, one wrong: (y - 0.5)(2c - 1) / 3) and one of kind "other" (alone: 0)."""
+    from nemo_azr.rlcr.advantages import rlcr_hierarchical
+    from nemo_azr.rlcr.common import QUESTION_KIND
+
+    cfg = _cfg(
+        tiny_cache,
+        *GREEDY_ENUMERATED,
+        "rlcr.lambda_conf=1.0",
+        "rlcr.candidate_weighting=uniform",
+        "rlcr.candidate_baseline=kind",
+    )
+    wf = WORKFLOWS.get("rlcr_two_turn")(ArithmeticTask(cfg.data), tok, cfg)
+    examples = [
+        Example("arith-3+4", "What is 3 + 4?", "7", {"a": 3, "op": "+", "b": 4, "kind": "sum"}),
+        Example("arith-1+1", "What is 1 + 1?", "2", {"a": 1, "op": "+", "b": 1, "kind": "sum"}),
+        Example("arith-2+5", "What is 2 + 5?", "7", {"a": 2, "op": "+", "b": 5, "kind": "other"}),
+    ]
+    backend = ScoringBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], [0.2, 0.3, 0.5])
+    sampling = SamplingParams(n=8, temperature=0.7, max_new_tokens=30)
+    batch = wf.run(examples, backend, sampling, step=0)
+    advantages, _ = rlcr_hierarchical(batch, cfg.algorithm)
+    rows = [i for i, t in enumerate(batch[F.SAMPLE_TYPE]) if t == "confidence"]
+    by_prompt = {ex.prompt_id: ex.meta["kind"] for ex in examples}
+    assert [batch[QUESTION_KIND][i] for i in rows] == [by_prompt[batch[F.PROMPT_ID][i]] for i in rows]
+    values = [0.1, 0.5, 0.9]
+    for i in rows:
+        h = int(batch[F.UID][i].rsplit("-c", 1)[1])
+        acc = batch[ANSWER_CORRECT][i]
+        expected = (acc - 0.5) * (2 * values[h] - 1) / 3 if batch[QUESTION_KIND][i] == "sum" else 0.0
+        row = advantages[i][batch[F.LOSS_MASK][i].bool()].float()
+        assert torch.allclose(row, torch.full_like(row, expected), atol=1e-6)
+    assert {batch[ANSWER_CORRECT][i] for i in rows if batch[QUESTION_KIND][i] == "sum"} == {0.0, 1.0}
+
+    backend = ScoringBackend(tok, ["<think>3 + 4</think><answer>7</answer>"], [0.2, 0.3, 0.5])
+    plain = wf.run(_examples(), backend, sampling, step=0)  # questions without a kind
+    with pytest.raises(BatchContractError, match="carry none"):
+        rlcr_hierarchical(plain, cfg.algorithm)
+
+
 @pytest.mark.parametrize(
     ("greedy_answer_kl", "confidence_kl", "confidence_weight"),
     [
@@ -757,6 +799,15 @@ def test_two_turn_kl_rows_for_the_argmax_answers_only(
             ],
             "set rlcr.candidate_weighting=uniform",
         ),
+        (
+            [
+                'rlcr.confidence_prefill="<confidence>"',
+                "rlcr.confidence_decoding=enumerate",
+                "rlcr.candidate_baseline=kind",
+            ],
+            "rlcr.candidate_baseline=kind compares each candidate value",
+        ),
+        (["rlcr.candidate_baseline=question"], "rlcr.candidate_baseline"),
         (["rlcr.candidate_mass_coef=0.2"], "keeps the probability on the enumerated candidates"),
         (["algorithm.kl.coef=0.1", "rlcr.greedy_answer_kl=true"], "set rlcr.answer_decoding"),
         (
