@@ -183,6 +183,10 @@ def main() -> None:
         "answers that are word for word the same, right answers lost and gained",
     )  # fmt: skip
     args = parser.parse_args()
+    for folder in [*args.folders, *([args.against] if args.against else [])]:
+        missing = [n for n in ("metrics.json", "samples.jsonl") if not (folder / n).is_file()]
+        if missing:  # an evaluation still running, or not an eval folder: say so, not a traceback
+            parser.error(f"{folder} has no {' or '.join(missing)} (is its nemo-azr eval finished?)")
     for folder in args.folders:
         print(report(folder))
         if args.against is not None:

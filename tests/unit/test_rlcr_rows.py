@@ -5,6 +5,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -157,3 +159,13 @@ def test_report_gives_each_kind_auroc_with_its_hanley_mcneil_error(tmp_path: Pat
     se_half = math.sqrt((0.25 + 2 * (q1_half - 0.25) + (q2_half - 0.25)) / 6)
     assert cells[3] == f"0.500 ± {se_half:.3f}"
     assert cells[7] == f"{a:.3f} ± {se:.3f}"
+
+
+def test_a_folder_without_its_evaluation_files_is_a_usage_error(tmp_path: Path, monkeypatch, capsys):
+    """An evaluation still running has no metrics.json yet: one line saying so, exit 2, no traceback."""
+    (tmp_path / "samples.jsonl").write_text("")
+    monkeypatch.setattr("sys.argv", ["rlcr_rows.py", str(tmp_path)])
+    with pytest.raises(SystemExit) as exit_info:
+        rlcr_rows.main()
+    assert exit_info.value.code == 2
+    assert f"{tmp_path} has no metrics.json (is its nemo-azr eval finished?)" in capsys.readouterr().err
