@@ -32,7 +32,7 @@ from nemo_azr.contracts import Batch, SampleType
 from nemo_azr.contracts import fields as F
 from nemo_azr.errors import BatchContractError
 from nemo_azr.rlcr.common import ANSWER_CORRECT, CANDIDATE_OF, CONFIDENCE, GREEDY_ANSWER, QUESTION_KIND
-from nemo_azr.rlcr.config_check import CANDIDATE_WEIGHTINGS
+from nemo_azr.rlcr.config_check import CANDIDATE_WEIGHTINGS, CONTRAST_BASELINES
 
 #: ``batch.info`` key under which the RLCR workflows hand their settings to the estimator.
 RLCR_INFO_KEY = "rlcr"
@@ -226,15 +226,22 @@ def _answer_strata(
     index: torch.Tensor, num_groups: int, strata: Sequence[Hashable] | None, num_rows: int
 ) -> torch.Tensor:
     """Each answer's stratum index (``[num_groups]``) from per-row strata; one stratum without."""
-    if strata is None:
+    per_row = _row_strata(strata, num_rows)
+    if per_row is None:
         return torch.zeros(num_groups, dtype=torch.long)
-    if len(strata) != num_rows:
-        raise BatchContractError(f"{len(strata)} strata for {num_rows} candidate rows")
-    per_row = group_index(list(strata))
     per_answer = torch.zeros(num_groups, dtype=torch.long).scatter(0, index, per_row)
     if not torch.equal(per_answer[index], per_row):
         raise BatchContractError("the candidates of one answer must share its stratum (question kind)")
     return per_answer
+
+
+def _row_strata(strata: Sequence[Hashable] | None, num_rows: int) -> torch.Tensor | None:
+    """Dense per-row stratum ids (``[num_rows]``), checked against the row count; None without strata."""
+    if strata is None:
+        return None
+    if len(strata) != num_rows:
+        raise BatchContractError(f"{len(strata)} strata for {num_rows} candidate rows")
+    return group_index(list(strata))
 
 
 def contrast_confidence_advantages(
@@ -265,11 +272,8 @@ def contrast_confidence_advantages(
     if values.numel() == 0:
         return torch.zeros(0, dtype=ADVANTAGE_DTYPE)
     keys = [round(float(v), 6) for v in candidate_values]
-    if strata is not None:
-        if len(strata) != len(keys):
-            raise BatchContractError(f"{len(strata)} strata for {len(keys)} candidate rows")
-        keys = list(zip(strata, keys))
-    by_value = group_index(keys)
+    per_row = _row_strata(strata, len(keys))
+    by_value = group_index(keys if per_row is None else list(zip(per_row.tolist(), keys)))
     index = group_index(ids)
     per_value = group_mean(values, by_value, int(by_value.max()) + 1)
     count = group_size(index, int(index.max()) + 1).to(STATS_DTYPE)
@@ -383,7 +387,7 @@ def _candidate_advantages(
     """The enumerated candidates' advantages before ``lambda_conf``: the Brier term against the
     answer's or the batch's baseline, then the optional level and mass terms."""
     strata = _question_kinds(batch, rows) if settings.candidate_baseline == "kind" else None
-    if settings.candidate_baseline in ("batch", "kind"):
+    if settings.candidate_baseline in CONTRAST_BASELINES:
         values = _meta_of_rows(
             batch,
             CONFIDENCE,

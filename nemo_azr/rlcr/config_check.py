@@ -10,6 +10,7 @@ ANSWER_DECODINGS = ("sample", "greedy", "greedy_and_sample")  # rlcr.answer_deco
 CONFIDENCE_DECODINGS = ("sample", "enumerate")  # rlcr.confidence_decoding
 CANDIDATE_WEIGHTINGS = ("policy", "uniform")  # rlcr.candidate_weighting
 CANDIDATE_BASELINES = ("answer", "batch", "kind")  # rlcr.candidate_baseline
+CONTRAST_BASELINES = ("batch", "kind")  # the baselines that compare a candidate across answers
 
 
 def check_rlcr_config(cfg: NemoAzrConfig) -> None:
@@ -93,7 +94,7 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"rlcr.candidate_batch_share must be in (0, 1], got {r.candidate_batch_share}",
         )
         require(
-            r.candidate_batch_share == 1 or r.candidate_baseline in ("batch", "kind"),
+            r.candidate_batch_share == 1 or r.candidate_baseline in CONTRAST_BASELINES,
             "rlcr.candidate_batch_share mixes the batch contrast with the answer baseline: set "
             "rlcr.candidate_baseline=batch (or kind)",
         )
@@ -110,7 +111,7 @@ def check_rlcr_config(cfg: NemoAzrConfig) -> None:
             f"rlcr.candidate_level_coef must be >= 0, got {r.candidate_level_coef}",
         )
         require(
-            r.candidate_level_coef == 0 or r.candidate_baseline in ("batch", "kind"),
+            r.candidate_level_coef == 0 or r.candidate_baseline in CONTRAST_BASELINES,
             "rlcr.candidate_level_coef sets the level that the batch contrast leaves free: set "
             "rlcr.candidate_baseline=batch or kind (with confidence_decoding=enumerate, "
             "candidate_weighting=uniform)",
