@@ -12,7 +12,11 @@ lookup kind and asked row: answers, right, mean confidence (and the mean expecte
 the candidates where the evaluation recorded it, ``rlcr.expected_confidence_readout``). With
 ``--against UNTRAINED_EVAL`` it also counts the answers that are the untrained model's word for word
 and gives, per kind, the within-kind AUROC over only those unchanged answers (written and expected
-confidence): a separation there cannot come from answers the training moved.
+confidence): a separation there cannot come from answers the training moved. Last, per kind and
+answer shape (one number the question lists, one number it does not, several numbers, no number, no
+closed answer tag): answers, right, mean confidence. A confidence that only reads the shape ranks
+lists and unlisted numbers (never right on a lookup) below listed ones; within the listed single
+numbers it has to read the question.
 
     .venv/bin/python benchmarks/rlcr_rows.py outputs/real_model/rlcr_two_turn_smollm2/eval_before \\
         outputs/real_model/rlcr_two_turn_smollm2/eval_after
@@ -33,6 +37,9 @@ LOOKUPS = ("single_lookup", "pair_lookup", "table_lookup")
 # "Ages: Dina 17, Fay 96. What is the age of Dina?": the listed names, then the asked one
 _LIST = re.compile(r"^[^:]+:\s*(?P<items>[^.?]+)\.\s")
 _ASKED = re.compile(r"of (?P<name>[\w ]+)\?\s*$")
+_ANSWER_SPAN = re.compile(r"<answer>(?P<span>.*?)</answer>", re.DOTALL)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+SHAPES = ("listed number", "unlisted number", "several numbers", "no number", "no answer tag")
 
 
 def asked_row(question: str) -> int | None:
@@ -43,6 +50,20 @@ def asked_row(question: str) -> int | None:
     names = [part.strip().rsplit(" ", 1)[0] for part in items.group("items").split(",")]
     name = asked.group("name").strip()
     return names.index(name) + 1 if name in names else None
+
+
+def answer_shape(question: str, response: str) -> str:
+    """What the reply's first answer span holds, against the numbers the question lists (one of
+    ``SHAPES``). Distinct numbers count, so ``<answer>42 42</answer>`` is one number."""
+    span = _ANSWER_SPAN.search(response)
+    if span is None:
+        return "no answer tag"
+    numbers = set(_NUMBER.findall(span.group("span")))
+    if not numbers:
+        return "no number"
+    if len(numbers) > 1:
+        return "several numbers"
+    return "listed number" if numbers <= set(_NUMBER.findall(question)) else "unlisted number"
 
 
 def _mean(values: list[float]) -> float | None:
@@ -136,6 +157,24 @@ def report(folder: Path) -> str:
             lines.append(
                 f"| {kind} | {row if row is not None else '?'} | {len(rs)} | "
                 f"{sum(r['right'] for r in rs)} | {_f(_mean(conf))} |"
+                + (f" {_f(_mean(exp))} |" if has_expected else "")
+            )
+    lines += [
+        "",
+        "| kind | answer shape | answers | right | mean confidence |"
+        + (" mean expected confidence |" * has_expected),
+        "| --- | --- | --- | --- | --- |" + (" --- |" * has_expected),
+    ]
+    for kind, rs in sorted(by_kind.items()):
+        by_shape: dict[str, list[dict]] = defaultdict(list)
+        for r in rs:
+            by_shape[answer_shape(r["question"], r.get("response", ""))].append(r)
+        for shape in (s for s in SHAPES if s in by_shape):
+            group = by_shape[shape]
+            conf = [r["stated_confidence"] for r in group if r["stated_confidence"] is not None]
+            exp = [r["expected_confidence"] for r in group if r["expected_confidence"] is not None]
+            lines.append(
+                f"| {kind} | {shape} | {len(group)} | {sum(r['right'] for r in group)} | {_f(_mean(conf))} |"
                 + (f" {_f(_mean(exp))} |" if has_expected else "")
             )
     return "\n".join(lines) + "\n"

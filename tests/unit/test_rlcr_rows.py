@@ -169,3 +169,44 @@ def test_a_folder_without_its_evaluation_files_is_a_usage_error(tmp_path: Path, 
         rlcr_rows.main()
     assert exit_info.value.code == 2
     assert f"{tmp_path} has no metrics.json (is its nemo-azr eval finished?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("response", "shape"),
+    [
+        ("<think>fig 23</think><answer>23</answer>", "listed number"),
+        ("<answer>57</answer>", "listed number"),
+        ("<answer>42</answer>", "unlisted number"),
+        ("<answer>23 57</answer>", "several numbers"),
+        ("<answer>23 23</answer>", "listed number"),  # one distinct number
+        ("<answer>fig</answer>", "no number"),
+        ("<think>fig 23</think><answer>23", "no answer tag"),  # runaway reply, tag never closed
+        ("23", "no answer tag"),
+    ],
+)
+def test_answer_shape_reads_the_answer_span_against_the_listed_numbers(response: str, shape: str):
+    question = "Prices: pear 12, plum 57, fig 23. What is the price of fig?"
+    assert rlcr_rows.answer_shape(question, response) == shape
+
+
+def test_report_splits_each_kind_by_answer_shape(tmp_path: Path):
+    question = "Prices: pear 12, plum 57. What is the price of plum?"
+    answers = [
+        ("<answer>57</answer>", 1.0, 0.9),
+        ("<answer>12</answer>", 0.0, 0.7),
+        ("<answer>12 57</answer>", 0.0, 0.1),
+    ]
+    records = []
+    for i, (response, right, conf) in enumerate(answers):
+        base = {"prompt_id": f"qa-{i}", "question": question, "kind": "pair_lookup"}
+        records += [
+            {**base, "sample_type": "answer", "response": response, "answer_correct": right, "reward": right},
+            {**base, "sample_type": "confidence", "confidence": conf, "finish_reason": "eos"},
+        ]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "metrics.json").write_text(json.dumps({"by_kind": {}}))
+    text = rlcr_rows.report(tmp_path)
+    # two listed single numbers (one right), mean confidence (0.9 + 0.7) / 2; one list, never right
+    assert "| pair_lookup | listed number | 2 | 1 | 0.800 |" in text
+    assert "| pair_lookup | several numbers | 1 | 0 | 0.100 |" in text
+    assert "unlisted number" not in text
