@@ -118,7 +118,8 @@ def _make_tiny_model(overrides: list[str]) -> int:
 
 def _per_kind(result: dict) -> str:
     """ " (addition 0.5, subtraction 0.1)" for an accuracy eval with kinds, " (AUROC within a kind:
-    pair_lookup 0.62, ...)" for an RLCR eval with kinds; "" otherwise."""
+    pair_lookup 0.62, ...)" for an RLCR eval with kinds (then "; expected: pair_lookup 0.73, ..."
+    where the expected confidence was read); "" otherwise."""
     kinds = result.get("by_kind") or {}
     blocks = [v for v in kinds.values() if isinstance(v, dict)]
     if not kinds or len(blocks) != len(kinds):
@@ -130,6 +131,10 @@ def _per_kind(result: dict) -> str:
             f"{k} {'n/a' if v['auroc'] is None else format(v['auroc'], '.3g')}{_parsed_share(v)}"
             for k, v in kinds.items()
         )
+        # an enumerated evaluation also reads the mean over the candidates, which can rank answers
+        # where the written (likeliest) value is one number for all of them (decision 227)
+        if all(v.get("expected_auroc") is not None for v in blocks):
+            shown += "; expected: " + ", ".join(f"{k} {v['expected_auroc']:.3g}" for k, v in kinds.items())
         return f" (AUROC within a kind: {shown})"
     return ""
 

@@ -42,4 +42,14 @@ def test_eval_summary_line_names_each_kinds_accuracy_or_within_kind_auroc():
     assert _per_kind(broken) == " (AUROC within a kind: table_lookup 0.964 over 17 of 155)"
     full = {"by_kind": {"table_lookup": {"auroc": 0.5, "n": 155, "num_answers": 155}}}
     assert _per_kind(full) == " (AUROC within a kind: table_lookup 0.5)"
+    # an enumerated evaluation's expected confidence, shown after the written one's
+    enumerated = {
+        "by_kind": {
+            "pair_lookup": {"auroc": 0.5, "expected_auroc": 0.72751},
+            "single_lookup": {"auroc": 0.5389, "expected_auroc": 0.9322},
+        }
+    }
+    assert _per_kind(enumerated) == (
+        " (AUROC within a kind: pair_lookup 0.5, single_lookup 0.539; expected: pair_lookup 0.728, single_lookup 0.932)"
+    )
     assert _per_kind({}) == ""
