@@ -30,6 +30,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from nemo_azr.rewards.answer_extraction import answer_tag, candidates
 from nemo_azr.rlcr.calibration import auroc, auroc_standard_error
 from nemo_azr.rlcr.common import ENUMERATED_FINISH
 
@@ -37,8 +38,6 @@ LOOKUPS = ("single_lookup", "pair_lookup", "table_lookup")
 # "Ages: Dina 17, Fay 96. What is the age of Dina?": the listed names, then the asked one
 _LIST = re.compile(r"^[^:]+:\s*(?P<items>[^.?]+)\.\s")
 _ASKED = re.compile(r"of (?P<name>[\w ]+)\?\s*$")
-_ANSWER_SPAN = re.compile(r"<answer>(?P<span>.*?)</answer>", re.DOTALL)
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 SHAPES = ("listed number", "unlisted number", "several numbers", "no number", "no answer tag")
 
 
@@ -53,17 +52,27 @@ def asked_row(question: str) -> int | None:
 
 
 def answer_shape(question: str, response: str) -> str:
-    """What the reply's first answer span holds, against the numbers the question lists (one of
-    ``SHAPES``). Distinct numbers count, so ``<answer>42 42</answer>`` is one number."""
-    span = _ANSWER_SPAN.search(response)
+    """What the reply's answer tag holds, against the numbers the question lists (one of ``SHAPES``),
+    read with the reward's own tag and number readers. Distinct values count, so
+    ``<answer>42 42</answer>`` is one number."""
+    span = answer_tag(response)
     if span is None:
         return "no answer tag"
-    numbers = set(_NUMBER.findall(span.group("span")))
+    numbers = candidates(span)
     if not numbers:
         return "no number"
     if len(numbers) > 1:
         return "several numbers"
-    return "listed number" if numbers <= set(_NUMBER.findall(question)) else "unlisted number"
+    return "listed number" if numbers[0] in candidates(question) else "unlisted number"
+
+
+def _group_cells(group: list[dict], has_expected: bool) -> str:
+    """``answers | right | mean confidence |`` (and the mean expected confidence) of ``group``."""
+    conf = [r["stated_confidence"] for r in group if r["stated_confidence"] is not None]
+    exp = [r["expected_confidence"] for r in group if r["expected_confidence"] is not None]
+    return f"{len(group)} | {sum(r['right'] for r in group)} | {_f(_mean(conf))} |" + (
+        f" {_f(_mean(exp))} |" if has_expected else ""
+    )
 
 
 def _mean(values: list[float]) -> float | None:
@@ -151,13 +160,8 @@ def report(folder: Path) -> str:
         for r in by_kind.get(kind, []):
             by_row[asked_row(r["question"])].append(r)
         for row in sorted(by_row, key=lambda x: (x is None, x or 0)):
-            rs = by_row[row]
-            conf = [r["stated_confidence"] for r in rs if r["stated_confidence"] is not None]
-            exp = [r["expected_confidence"] for r in rs if r["expected_confidence"] is not None]
             lines.append(
-                f"| {kind} | {row if row is not None else '?'} | {len(rs)} | "
-                f"{sum(r['right'] for r in rs)} | {_f(_mean(conf))} |"
-                + (f" {_f(_mean(exp))} |" if has_expected else "")
+                f"| {kind} | {row if row is not None else '?'} | {_group_cells(by_row[row], has_expected)}"
             )
     lines += [
         "",
@@ -170,13 +174,7 @@ def report(folder: Path) -> str:
         for r in rs:
             by_shape[answer_shape(r["question"], r.get("response", ""))].append(r)
         for shape in (s for s in SHAPES if s in by_shape):
-            group = by_shape[shape]
-            conf = [r["stated_confidence"] for r in group if r["stated_confidence"] is not None]
-            exp = [r["expected_confidence"] for r in group if r["expected_confidence"] is not None]
-            lines.append(
-                f"| {kind} | {shape} | {len(group)} | {sum(r['right'] for r in group)} | {_f(_mean(conf))} |"
-                + (f" {_f(_mean(exp))} |" if has_expected else "")
-            )
+            lines.append(f"| {kind} | {shape} | {_group_cells(by_shape[shape], has_expected)}")
     return "\n".join(lines) + "\n"
 
 
